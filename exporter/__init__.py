@@ -1,0 +1,199 @@
+"""specx exporter: Hugging Face models -> ONNX graphs + manifest.json + tokenizer.json.
+
+Heavy dependencies (torch, transformers, onnx) live here only. The exporter depends on the
+runtime (for the graph contract, and to run its own parity checks); never the reverse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specx.runtime import contract
+from specx.runtime.contract import Manifest, ModelSpec
+from specx.runtime.errors import ExportError
+
+from .check import check_parity
+from .load import SourceModel, chat_template, check_pair, load_source, special_tokens
+from .onnx_export import export_graph
+
+__all__ = ["ExportOptions", "export_pair"]
+
+RESERVED_NAMES = ("none", "ngram", "target", "auto")
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    max_length: int = 2048  # cache capacity (positions) of the exported pair
+    check_k: int = 4  # the verify width checked for parity is K + 1
+    opset: int = 17
+    force: bool = False  # replace an existing output folder
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {}
+    for name in ("specx", "torch", "transformers", "onnx", "onnxruntime", "tokenizers"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return out
+
+
+def _same_source(a: str, b: str) -> bool:
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    if pa.exists() and pb.exists():
+        return pa.resolve() == pb.resolve()
+    return a == b
+
+
+def _replace_atomically(staged: Path, output: Path) -> None:
+    """Move the finished `staged` folder to `output`, replacing an old artifact if present."""
+    if not output.exists():
+        os.replace(staged, output)
+        return
+    backup = output.with_name(f".{output.name}.old-{uuid.uuid4().hex[:8]}")
+    os.replace(output, backup)
+    try:
+        os.replace(staged, output)
+    except OSError:
+        os.replace(backup, output)  # put the previous artifact back
+        raise
+    shutil.rmtree(backup, ignore_errors=True)
+
+
+def _named_drafts(drafts: Sequence[str], target: str) -> list[tuple[str, str]]:
+    """`NAME=SOURCE` names a draft; unnamed ones are draft, draft2, ... (self: the target)."""
+    named: list[tuple[str, str]] = []
+    for i, item in enumerate(drafts):
+        name, sep, source = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name) or Path(item).exists():
+            source = item
+            name = "self" if _same_source(item, target) else ("draft" if i == 0 else f"draft{i + 1}")
+        if name in RESERVED_NAMES:
+            raise ExportError(f"draft name {name!r} is reserved", "choose another NAME=SOURCE")
+        if name in (n for n, _ in named):
+            raise ExportError(f"two drafts are named {name!r}", "give each draft its own NAME=")
+        named.append((name, source))
+    return named
+
+
+def _validate(output: Path, options: ExportOptions) -> None:
+    if options.max_length < 8:
+        raise ExportError(f"--max-length must be at least 8, got {options.max_length}")
+    if not 1 <= options.check_k <= 16:
+        raise ExportError(f"--check-k must be in 1..16, got {options.check_k}")
+    if output.exists():
+        if not output.is_dir():
+            raise ExportError(f"{output} exists and is not a folder", "choose another -o path")
+        if not options.force:
+            raise ExportError(
+                f"{output} already exists", "pass --force to replace it, or choose another -o"
+            )
+
+
+def export_pair(
+    target: str,
+    drafts: Sequence[str],
+    output: str | Path,
+    options: ExportOptions | None = None,
+    log: Callable[[str], None] = print,
+) -> Manifest:
+    """Export `target` and any `drafts` into the artifact folder `output`.
+
+    Everything is written into a hidden temporary folder beside `output` and renamed into place
+    only after every graph passed its parity check: a failed or interrupted export leaves no
+    partial artifact, and an existing artifact (with force) stays intact until the last step.
+    """
+    options = options or ExportOptions()
+    output = Path(output)
+    _validate(output, options)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
+    try:
+        os.chmod(staged, 0o755)  # mkdtemp makes it private; an artifact is meant to be shared
+        manifest = _export_into(staged, target, list(drafts), options, log)
+        _replace_atomically(staged, output)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _export_into(
+    folder: Path, target: str, drafts: list[str], options: ExportOptions, log: Callable[[str], None]
+) -> Manifest:
+    t_start = time.perf_counter()
+    pair_id = uuid.uuid4().hex
+    steps = 1 + len(drafts)
+    timings: dict[str, float] = {}
+
+    def export_one(src: SourceModel, role: str, graph: str) -> ModelSpec:
+        t0 = time.perf_counter()
+        spec = export_graph(src, folder, role, graph, options.max_length, pair_id, options.opset, log)
+        timings[f"{graph}_export_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        parity = check_parity(src, folder, spec, options.check_k, log)
+        timings[f"{graph}_parity_s"] = time.perf_counter() - t0
+        return dataclasses.replace(spec, parity=parity)
+
+    log(f"[1/{steps}] target: loading {target}")
+    tsrc = load_source(target, log)
+    timings["target_load_s"] = tsrc.load_s
+    target_spec = export_one(tsrc, "target", "target.onnx")
+    tokenizer_size = len(tsrc.tokenizer)
+    tsrc.tokenizer.backend_tokenizer.save(str(folder / contract.TOKENIZER_FILE))
+    special = special_tokens(tsrc)
+    template = chat_template(tsrc)
+
+    draft_specs: list[ModelSpec] = []
+    for i, (name, draft) in enumerate(_named_drafts(drafts, target)):
+        log(f"[{i + 2}/{steps}] draft {name!r}: {draft}")
+        if _same_source(draft, target):
+            log("  the target drafts for itself (shows the mechanics; it cannot speed anything up)")
+            draft_specs.append(dataclasses.replace(target_spec, role="draft", name=name))
+            continue
+        dsrc = load_source(draft, log)
+        timings[f"{name}_load_s"] = dsrc.load_s
+        check_pair(tsrc, dsrc)
+        draft_specs.append(export_one(dsrc, "draft", f"{name}.onnx"))
+        del dsrc
+    del tsrc
+
+    max_length = min(s.max_length for s in (target_spec, *draft_specs))
+    timings["total_s"] = time.perf_counter() - t_start
+    manifest = Manifest(
+        format_version=contract.FORMAT_VERSION,
+        pair_id=pair_id,
+        target=target_spec,
+        drafts=tuple(draft_specs),
+        tokenizer=contract.TOKENIZER_FILE,
+        tokenizer_vocab_size=tokenizer_size,
+        special_tokens=special,
+        chat_template=template,
+        max_length=max_length,
+        exporter=_exporter_info(options, timings),
+    )
+    manifest.write(folder)
+    log(f"done in {timings['total_s']:.1f} s")
+    return manifest
+
+
+def _exporter_info(options: ExportOptions, timings: dict[str, float]) -> dict[str, Any]:
+    return {
+        "versions": _versions(),
+        "options": dataclasses.asdict(options),
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }

@@ -1,0 +1,83 @@
+"""Parity of an exported graph against the source model, run through the runtime itself.
+
+The graph runs in ONNX Runtime on the CPU exactly as ``specx run`` drives it (I/O binding into a
+preallocated cache): a prefill of P tokens, a one-token decode step, then a verify step of
+K + 1 tokens on top of that cache. The source model scores the same tokens in one plain forward
+pass. The largest |logit difference| of each stage goes into the manifest; above the tolerance
+the export fails.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specx.runtime.contract import ModelSpec
+from specx.runtime.errors import ExportError
+from specx.runtime.session import ModelSession
+
+from .load import Log, SourceModel
+
+# fp32 graph vs fp32 torch: differences come from summation order only. Relative to the largest
+# logit, so that it fits models whose logits are O(1) (random tests) and O(30) (trained models).
+FP32_RELATIVE_TOLERANCE = 1e-3
+PREFILL_TOKENS = 12
+
+
+def check_parity(
+    src: SourceModel, folder: Path, spec: ModelSpec, check_k: int, log: Log
+) -> dict[str, Any]:
+    import torch
+
+    k = max(1, check_k)
+    prefill = max(1, min(PREFILL_TOKENS, spec.max_length - k - 2))
+    total = prefill + 1 + k + 1
+    if total > spec.max_length:
+        raise ExportError(
+            f"--max-length {spec.max_length} is too small to check K={k}",
+            "use a larger --max-length",
+        )
+    token_range = min(len(src.tokenizer), spec.vocab_size)
+    ids = np.random.default_rng(0).integers(0, token_range, size=total).astype(np.int64)
+    with torch.no_grad():
+        reference = src.model(torch.from_numpy(ids)[None]).logits[0].float().numpy()  # [T, V]
+
+    session = ModelSession(folder / spec.graph, spec, ["cpu"], max_chunk=max(prefill, k + 1))
+    cache = session.new_cache(total)
+    stages = {
+        "prefill": (0, prefill),
+        "decode": (prefill, prefill + 1),
+        "verify": (prefill + 1, total),
+    }
+    result: dict[str, Any] = {"tokens": total, "k": k}
+    worst = 0.0
+    agree = 0
+    for stage, (start, end) in stages.items():
+        got = session.forward(ids[start:end], cache).copy()  # [end - start, vocab]
+        want = reference[start:end]
+        diff = float(np.max(np.abs(got - want)))
+        result[f"{stage}_max_abs_diff"] = diff
+        worst = max(worst, diff)
+        agree += int(np.sum(np.argmax(got, -1) == np.argmax(want, -1)))
+    scale = float(max(1.0, np.max(np.abs(reference))))
+    tolerance = FP32_RELATIVE_TOLERANCE * scale
+    result.update(
+        max_abs_logit_diff=worst,
+        max_abs_logit=scale,
+        tolerance=tolerance,
+        argmax_agreement=agree / total,
+        passed=worst <= tolerance,
+    )
+    log(
+        f"  {spec.role}: parity prefill/decode/verify(K+1={k + 1}) max|dlogit| = {worst:.2e} "
+        f"(tolerance {tolerance:.1e}), argmax agreement {agree}/{total}"
+    )
+    if worst > tolerance:
+        raise ExportError(
+            f"the exported {spec.role} graph disagrees with the source model: max |logit "
+            f"difference| {worst:.3g} > tolerance {tolerance:.3g}",
+            "this is a bug in the exporter for this architecture; please report it",
+        )
+    return result

@@ -1,0 +1,187 @@
+"""Load a causal LM and its tokenizer from a folder, a .gguf file, or a hub id; check pairs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specx.runtime.contract import SpecialTokens
+from specx.runtime.errors import ExportError
+
+from .wrap import SUPPORTED_ARCHITECTURES
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class SourceModel:
+    model: Any  # a transformers PreTrainedModel, eval mode, float32
+    tokenizer: Any  # a transformers fast tokenizer
+    source: str
+    load_s: float
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def model_type(self) -> str:
+        return str(self.model.config.model_type)
+
+
+def _supported_list() -> str:
+    return ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+
+
+def check_architecture(config: Any, where: str) -> None:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = getattr(config, "model_type", None)
+    if model_type in SUPPORTED_ARCHITECTURES:
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+        rope_type = (rope or {}).get("rope_type", (rope or {}).get("type", "default"))
+        if rope_type in ("dynamic",):
+            raise ExportError(
+                f"{where}: rope type {rope_type!r} depends on the sequence length and cannot be "
+                "exported as one static graph",
+                "use a model with default, linear, llama3 or yarn rope scaling",
+            )
+        return
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ExportError(
+            f"{where} is a {model_type!r} model, not a causal language model",
+            f"pass a decoder-only LM; specx exports {_supported_list()}",
+        )
+    raise ExportError(
+        f"{where}: architecture {model_type!r} is not supported",
+        f"supported architectures: {_supported_list()}",
+    )
+
+
+def load_source(source: str, log: Log) -> SourceModel:
+    """Load `source` as the user would with transformers, in float32 on the CPU."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(source).expanduser()
+    t0 = time.perf_counter()
+    kwargs: dict[str, Any] = {}
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise ExportError(f"{source} does not exist", "check the path of the .gguf file")
+        folder, kwargs = str(path.parent), {"gguf_file": path.name}
+        log(f"  reading {path.name} (GGUF weights are dequantized to float32; this takes a while)")
+    elif path.exists():
+        if not path.is_dir():
+            raise ExportError(
+                f"{source} is neither a model folder nor a .gguf file",
+                "pass a Hugging Face model folder (with config.json) or a .gguf file",
+            )
+        if not (path / "config.json").is_file():
+            raise ExportError(
+                f"{source} holds no config.json",
+                "pass a folder written by save_pretrained (config.json, weights, tokenizer)",
+            )
+        folder = str(path)
+    elif source.count("/") == 1 and not source.startswith((".", "/", "~")):
+        folder = source  # a hub id
+        log(f"  {source} is not a local path; trying the Hugging Face hub")
+    else:
+        raise ExportError(
+            f"{source} does not exist", "pass a model folder, a .gguf file, or a hub id (org/name)"
+        )
+    try:
+        config = AutoConfig.from_pretrained(folder, **kwargs)
+    except (OSError, ValueError) as e:
+        raise ExportError(
+            f"cannot read the model config of {source}: {str(e).splitlines()[0][:300]}",
+            "check the path; a hub id needs network access",
+        ) from e
+    check_architecture(config, source)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    except (OSError, ValueError, ImportError) as e:
+        raise ExportError(
+            f"cannot load {source}: {str(e).splitlines()[0][:300]}",
+            "check that the folder holds weights and a tokenizer (for .gguf: pip install gguf "
+            "accelerate)",
+        ) from e
+    if not getattr(tokenizer, "is_fast", False):
+        raise ExportError(
+            f"{source} has no fast tokenizer (tokenizer.json)",
+            "save the model with a fast tokenizer (transformers' PreTrainedTokenizerFast)",
+        )
+    model.eval()
+    return SourceModel(model, tokenizer, source, time.perf_counter() - t0)
+
+
+def eos_token_ids(src: SourceModel) -> tuple[int, ...]:
+    ids: list[int] = []
+    gen = getattr(src.model, "generation_config", None)
+    for value in (getattr(gen, "eos_token_id", None), src.tokenizer.eos_token_id):
+        if value is None:
+            continue
+        for v in value if isinstance(value, list | tuple) else [value]:
+            if int(v) not in ids:
+                ids.append(int(v))
+    return tuple(ids)
+
+
+def special_tokens(src: SourceModel) -> SpecialTokens:
+    tok = src.tokenizer
+    return SpecialTokens(
+        bos_token_id=tok.bos_token_id,
+        eos_token_ids=eos_token_ids(src),
+        pad_token_id=tok.pad_token_id,
+        bos_token=tok.bos_token,
+        eos_token=tok.eos_token,
+    )
+
+
+def chat_template(src: SourceModel) -> str | None:
+    template = getattr(src.tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    return template if isinstance(template, str) else None
+
+
+def model_vocab_size(src: SourceModel) -> int:
+    return int(src.model.get_output_embeddings().weight.shape[0])
+
+
+def check_pair(target: SourceModel, draft: SourceModel) -> None:
+    """Refuse a pair whose tokenizers disagree; name the first difference.
+
+    Model vocabularies (embedding rows) may differ by padding rows beyond the tokenizer.
+    """
+    t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if t_vocab != d_vocab:
+        t_by_id = {i: s for s, i in t_vocab.items()}
+        d_by_id = {i: s for s, i in d_vocab.items()}
+        for i in sorted(set(t_by_id) | set(d_by_id)):
+            if t_by_id.get(i) != d_by_id.get(i):
+                raise ExportError(
+                    f"the tokenizers of {target.source} and {draft.source} differ: token id {i} "
+                    f"is {t_by_id.get(i)!r} in the target and {d_by_id.get(i)!r} in the draft",
+                    "a draft must share the target's tokenizer; pick a draft of the same family",
+                )
+    t_special, d_special = special_tokens(target), special_tokens(draft)
+    for field in ("bos_token_id", "eos_token_ids", "pad_token_id"):
+        tv, dv = getattr(t_special, field), getattr(d_special, field)
+        if tv != dv:
+            raise ExportError(
+                f"the special tokens differ: {field} is {tv} in the target and {dv} in the draft",
+                "a draft must share the target's tokenizer and special tokens",
+            )
+    size = len(target.tokenizer)
+    for src in (target, draft):
+        if model_vocab_size(src) < size:
+            raise ExportError(
+                f"{src.source} has {model_vocab_size(src)} output rows for a tokenizer of "
+                f"{size} tokens",
+                "the model cannot produce every token of its tokenizer; check the model",
+            )

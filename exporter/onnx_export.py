@@ -1,0 +1,208 @@
+"""Trace a model into one ONNX graph that serves prefill, decode and verify (any S, any past).
+
+Names, dtypes and symbolic dims come from ``specx.runtime.contract``; the exporter never spells
+them itself.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specx.runtime import contract
+from specx.runtime.contract import ModelSpec
+from specx.runtime.errors import ExportError
+
+from .load import Log, SourceModel, model_vocab_size
+from .wrap import make_graph_module
+
+# Graphs larger than this keep their weights in a side file (protobuf's 2 GB limit).
+EXTERNAL_DATA_BYTES = 1_800_000_000
+PAIR_ID_KEY = "specx.pair_id"
+
+
+def model_dims(src: SourceModel) -> dict[str, int]:
+    cfg = src.config
+    if src.model_type == "gpt2":
+        heads = cfg.n_head
+        return {
+            "num_layers": cfg.n_layer,
+            "num_heads": heads,
+            "kv_heads": heads,
+            "head_dim": cfg.n_embd // heads,
+            "hidden_size": cfg.n_embd,
+            "max_positions": cfg.n_positions,
+        }
+    heads = cfg.num_attention_heads
+    max_positions = int(cfg.max_position_embeddings)
+    window = getattr(cfg, "sliding_window", None)
+    uses_window = getattr(cfg, "use_sliding_window", src.model_type == "mistral")
+    if window and uses_window:
+        max_positions = min(max_positions, int(window))  # exact only within the window
+    return {
+        "num_layers": cfg.num_hidden_layers,
+        "num_heads": heads,
+        "kv_heads": getattr(cfg, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        "hidden_size": cfg.hidden_size,
+        "max_positions": max_positions,
+    }
+
+
+def _dynamic_axes(num_layers: int) -> dict[str, dict[int, str]]:
+    axes: dict[str, dict[int, str]] = {
+        contract.INPUT_IDS: {0: contract.BATCH, 1: contract.SEQ},
+        contract.POSITION_IDS: {0: contract.BATCH, 1: contract.SEQ},
+        contract.LOGITS: {0: contract.BATCH, 1: contract.SEQ},
+    }
+    for i in range(num_layers):
+        axes[contract.past_key(i)] = {0: contract.BATCH, 1: contract.PAST}
+        axes[contract.past_value(i)] = {0: contract.BATCH, 1: contract.PAST}
+        axes[contract.new_key(i)] = {0: contract.BATCH, 1: contract.SEQ}
+        axes[contract.new_value(i)] = {0: contract.BATCH, 1: contract.SEQ}
+    return axes
+
+
+def tie_lm_head(model: Any) -> bool:
+    """Replace MatMul(h, W_head) with Gemm(h, E, transB=1) when W_head is E transposed.
+
+    The tracer constant-folds the tied head's transpose into a second copy of the embedding;
+    this keeps one copy on disk (SmolLM2: 113 MB less). Returns True if it rewrote the graph.
+    """
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    gathered = {n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in inits}
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in inits:
+            continue
+        head = inits[node.input[1]]
+        for emb_name in gathered:
+            emb = inits[emb_name]
+            if list(emb.dims) != list(head.dims)[::-1] or len(emb.dims) != 2:
+                continue
+            if not np.array_equal(numpy_helper.to_array(emb).T, numpy_helper.to_array(head)):
+                continue
+            gemm = helper.make_node(
+                "Gemm", [node.input[0], emb_name], list(node.output), transB=1, name=node.name
+            )
+            index = list(graph.node).index(node)
+            graph.node.remove(node)
+            graph.node.insert(index, gemm)
+            if not any(head.name in n.input for n in graph.node):
+                graph.initializer.remove(head)
+            return True
+    return False
+
+
+def weight_stats(model: Any) -> tuple[int, int]:
+    """(number of parameters, bytes) over the graph's initializers."""
+    from onnx import numpy_helper
+
+    params = nbytes = 0
+    for init in model.graph.initializer:
+        array = numpy_helper.to_array(init)
+        params += int(array.size)
+        nbytes += int(array.nbytes)
+    return params, nbytes
+
+
+def export_graph(
+    src: SourceModel,
+    folder: Path,
+    role: str,
+    graph_name: str,
+    max_length: int,
+    pair_id: str,
+    opset: int,
+    log: Log,
+) -> ModelSpec:
+    """Trace `src` into folder/graph_name and describe it; parity is checked separately."""
+    import onnx
+    import torch
+
+    dims = model_dims(src)
+    if max_length > dims["max_positions"]:
+        log(
+            f"  {role}: --max-length {max_length} exceeds the model's {dims['max_positions']} "
+            f"positions; using {dims['max_positions']}"
+        )
+        max_length = dims["max_positions"]
+    vocab = model_vocab_size(src)
+    layers, kv, hd = dims["num_layers"], dims["kv_heads"], dims["head_dim"]
+    inputs = contract.graph_inputs(layers, kv, hd, "float32")
+    outputs = contract.graph_outputs(layers, kv, hd, vocab, "float32")
+    module = make_graph_module(src.model)
+    # Dummy inputs: 3 new tokens on top of 2 past positions; every axis is dynamic.
+    ids = torch.tensor([[1, 2, 3]], dtype=torch.long)
+    positions = torch.tensor([[2, 3, 4]], dtype=torch.long)
+    past = [torch.zeros(1, 2, kv, hd) for _ in range(2 * layers)]
+    raw = folder / f".{graph_name}.raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    raw_path = raw / "model.onnx"
+    log(f"  {role}: tracing {src.model_type} ({layers} layers) to ONNX opset {opset}")
+    t0 = time.perf_counter()
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module,
+                (ids, positions, *past),
+                str(raw_path),
+                input_names=[t.name for t in inputs],
+                output_names=[t.name for t in outputs],
+                dynamic_axes=_dynamic_axes(layers),
+                opset_version=opset,
+                do_constant_folding=True,
+                dynamo=False,
+            )
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ExportError(
+            f"tracing {src.source} failed: {str(e).splitlines()[0][:300]}",
+            "report this with the model's config.json",
+        ) from e
+    trace_s = time.perf_counter() - t0
+    model = onnx.load(str(raw_path))
+    tied = tie_lm_head(model)
+    params, nbytes = weight_stats(model)
+    model.doc_string = f"specx {role} graph of {src.source}"
+    for key, value in ((PAIR_ID_KEY, pair_id), ("specx.role", role),
+                       ("specx.format_version", str(contract.FORMAT_VERSION))):  # fmt: skip
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    out = folder / graph_name
+    if nbytes > EXTERNAL_DATA_BYTES:
+        onnx.save_model(
+            model, str(out), save_as_external_data=True, location=f"{graph_name}.data"
+        )
+    else:
+        onnx.save_model(model, str(out))
+    for f in raw.iterdir():
+        f.unlink()
+    raw.rmdir()
+    log(f"  {role}: traced in {trace_s:.1f} s, {params / 1e6:.1f}M parameters, "
+        f"{nbytes / 1e6:.0f} MB{' (tied head kept once)' if tied else ''}")  # fmt: skip
+    return ModelSpec(
+        role=role,
+        name=Path(graph_name).stem,
+        graph=graph_name,
+        architecture=src.model_type,
+        source=src.source,
+        num_layers=layers,
+        num_heads=dims["num_heads"],
+        kv_heads=kv,
+        head_dim=hd,
+        hidden_size=dims["hidden_size"],
+        vocab_size=vocab,
+        max_length=max_length,
+        dtype="float32",
+        num_parameters=params,
+        weight_bytes=nbytes,
+        inputs=inputs,
+        outputs=outputs,
+    )

@@ -1,0 +1,1 @@
+"""specx deployment profiles (TOML data shipped with the package)."""

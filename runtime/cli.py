@@ -1,0 +1,226 @@
+"""The `specx` command line: a thin click layer over library functions.
+
+`specx run` uses only the runtime. `specx export` imports the exporter (torch, transformers)
+lazily, inside the command, so nothing else ever loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from specx.runtime.errors import SpecxError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _fail(error: BaseException, debug: bool) -> None:
+    if debug:
+        traceback.print_exception(error)
+    if isinstance(error, SpecxError):
+        click.echo(f"error: {error.message}", err=True)
+        if error.hint:
+            click.echo(f"  fix: {error.hint}", err=True)
+        sys.exit(error.exit_code)
+    click.echo(f"error: {type(error).__name__}: {error}", err=True)
+    click.echo("  (this is a bug in specx; run again with --debug for the traceback)", err=True)
+    sys.exit(1)
+
+
+def user_errors(func: F) -> F:
+    """Turn SpecxError into a clean message and a non-zero exit (traceback only with --debug)."""
+
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        debug = bool(kwargs.get("debug"))
+        try:
+            return func(*args, **kwargs)
+        except SpecxError as e:
+            _fail(e, debug)
+        except (OSError, ValueError, RuntimeError) as e:
+            _fail(e, debug)
+
+    return wrapper  # type: ignore[return-value]
+
+
+debug_option = click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="specx")
+def main() -> None:
+    """specx: deployable speculative decoding (ONNX export + a lean ONNX Runtime engine)."""
+
+
+def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    from specx.runtime.errors import InputError
+
+    if prompt is not None and prompt_file is not None:
+        raise InputError("pass either --prompt or --prompt-file, not both")
+    if prompt_file is not None:
+        try:
+            data = prompt_file.read_bytes()
+        except OSError as e:
+            raise InputError(f"cannot read the prompt file {prompt_file}: {e.strerror}") from e
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(
+                f"the prompt file {prompt_file} is not valid UTF-8 (byte {e.start}: "
+                f"{data[e.start : e.start + 1]!r})",
+                "save the file as UTF-8",
+            ) from e
+    if prompt is None:
+        if sys.stdin.isatty():
+            raise InputError("no prompt given", "pass --prompt TEXT or --prompt-file PATH")
+        return sys.stdin.read()
+    return prompt
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("-p", "--prompt", help="Prompt text (or use --prompt-file, or stdin).")
+@click.option("--prompt-file", type=click.Path(path_type=Path), help="Read the prompt from a file.")
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
+@click.option("--system", help="System message for --chat.")
+@click.option("-k", "k", type=int, default=None, help="Draft tokens per step (0: target alone).")
+@click.option("--no-draft", is_flag=True, help="Run the target alone (same as -k 0).")
+@click.option("--draft", "drafter", help="Which drafter to use (see `specx info`).")
+@click.option("-n", "--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 disables.")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="1 disables.")
+@click.option("--min-p", type=float, default=0.0, show_default=True, help="0 disables.")
+@click.option("--seed", type=int, default=None, help="Seed for sampling (same seed, same text).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option(
+    "--provider", "providers", multiple=True, help="Execution provider(s): cpu, cuda, tensorrt."
+)
+@click.option("--threads", type=int, default=None, help="Intra-op threads (default: all cores).")
+@debug_option
+@user_errors
+def run(
+    artifact: Path,
+    prompt: str | None,
+    prompt_file: Path | None,
+    chat: bool,
+    system: str | None,
+    k: int | None,
+    no_draft: bool,
+    drafter: str | None,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    seed: int | None,
+    as_json: bool,
+    providers: tuple[str, ...],
+    threads: int | None,
+    debug: bool,
+) -> None:
+    """Generate text from an exported ARTIFACT folder with speculative decoding."""
+    from specx.runtime.pipeline import Pipeline
+    from specx.runtime.sampling import SamplingParams
+
+    text = _read_prompt(prompt, prompt_file)
+    sampling = SamplingParams(temperature, top_k, top_p, min_p, seed)
+    pipeline = Pipeline.load(artifact, providers=providers or None, threads=threads)
+    generation = pipeline.stream(
+        text,
+        max_new_tokens=max_new_tokens,
+        k=0 if no_draft else k,
+        drafter=drafter,
+        sampling=sampling,
+        chat=chat,
+        system=system,
+    )
+    interrupted = False
+    try:
+        for delta in generation:
+            if not as_json:
+                click.echo(delta, nl=False)
+    except KeyboardInterrupt:
+        interrupted = True
+        generation.close()
+    result = generation.result
+    if as_json:
+        click.echo(json.dumps(result.to_json(), ensure_ascii=False))
+    else:
+        click.echo("")
+        if result.stats.stop_reason == "max_length":
+            click.echo(
+                f"note: stopped at the maximum context ({pipeline.manifest.max_length} tokens)",
+                err=True,
+            )
+        if interrupted:
+            click.echo("note: interrupted", err=True)
+        click.echo(result.stats.summary(), err=True)
+    if interrupted:
+        sys.exit(130)
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@debug_option
+@user_errors
+def info(artifact: Path, debug: bool) -> None:
+    """Describe an exported ARTIFACT: models, drafters, parity, limits."""
+    from specx.runtime.contract import Manifest
+
+    m = Manifest.read(artifact)
+    click.echo(f"artifact  {artifact}  (format {m.format_version}, export {m.pair_id})")
+    click.echo(f"context   {m.max_length} tokens; tokenizer {m.tokenizer_vocab_size} tokens")
+    for spec in (m.target, *m.drafts):
+        parity = spec.parity.get("max_abs_logit_diff")
+        click.echo(
+            f"{spec.role:<7} {Path(spec.graph).stem:<10} {spec.architecture:<8} "
+            f"{spec.num_layers} layers, {spec.num_parameters / 1e6:.1f}M params, {spec.dtype}, "
+            f"{spec.variant}; parity max|dlogit| = {parity}"
+        )
+
+
+@main.command(name="export")
+@click.option("--target", required=True, help="Target: HF folder, .gguf file, or hub id.")
+@click.option("--draft", "drafts", multiple=True, help="Draft model (same kinds); repeatable.")
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
+@click.option("--max-length", type=int, default=2048, show_default=True, help="Cache capacity.")
+@click.option("--check-k", type=int, default=4, show_default=True, help="K of the parity check.")
+@click.option("--force", is_flag=True, help="Replace an existing output folder (atomically).")
+@click.option("--opset", type=int, default=17, show_default=True)
+@debug_option
+@user_errors
+def export_cmd(
+    target: str,
+    drafts: tuple[str, ...],
+    output: Path,
+    max_length: int,
+    check_k: int,
+    force: bool,
+    opset: int,
+    debug: bool,
+) -> None:
+    """Export a TARGET (and drafts) to an ONNX artifact folder, checked against the source."""
+    from specx.runtime.errors import ExportError
+
+    try:
+        from specx.exporter import ExportOptions, export_pair
+    except ImportError as e:
+        raise ExportError(
+            f"the exporter's dependencies are missing ({e.name})",
+            "pip install 'specx[export]' (install torch first: pip install torch==2.13.0)",
+        ) from e
+    options = ExportOptions(max_length=max_length, check_k=check_k, opset=opset, force=force)
+    manifest = export_pair(target, list(drafts), output, options, log=lambda m: click.echo(m, err=True))
+    click.echo(f"wrote {output} (export {manifest.pair_id})", err=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,310 @@
+"""The graph contract: I/O names, dtypes, symbolic dims, cache layout, and the manifest.
+
+This module is the single source of truth for what an exported graph looks like. The exporter
+imports it to name the graph's inputs and outputs and writes it into ``manifest.json``; the
+runtime reads the manifest back and checks every graph against it. A C++ service can do the same
+from ``manifest.json`` alone (the format is documented in docs/artifact-format.md).
+
+Graph signature, per model (L = number of layers):
+
+    inputs   input_ids        int64  [batch, seq]
+             position_ids     int64  [batch, seq]                 absolute positions past_len..
+             past_key.{i}     float  [batch, past_len, kv_heads, head_dim]   i = 0..L-1
+             past_value.{i}   float  [batch, past_len, kv_heads, head_dim]
+    outputs  logits           float32 [batch, seq, vocab]          one row per new position
+             new_key.{i}      float  [batch, seq, kv_heads, head_dim]   keys of the new positions
+             new_value.{i}    float  [batch, seq, kv_heads, head_dim]
+
+The graph attends from each new position p to every key at a position <= p (the past, then the
+new tokens causally). It returns only the keys/values of the new positions, so the runtime can
+bind ``new_key.{i}`` to the slot right after the past inside one preallocated cache buffer: the
+cache grows in place and a rollback is just a smaller length.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specx.runtime.errors import ArtifactError
+
+FORMAT_VERSION = 1
+MANIFEST_FILE = "manifest.json"
+TOKENIZER_FILE = "tokenizer.json"
+
+INPUT_IDS = "input_ids"
+POSITION_IDS = "position_ids"
+LOGITS = "logits"
+
+# Symbolic dimension names, as written into the graphs and the manifest.
+BATCH = "batch"
+SEQ = "seq"
+PAST = "past_len"
+
+# Cache layout of past/new keys and values; the position axis comes right after batch so that,
+# for batch 1, the first `past_len` positions of a [1, max_len, kv_heads, head_dim] buffer are a
+# contiguous prefix that can be bound as the `past` input without a copy.
+CACHE_LAYOUT = ("batch", "position", "kv_head", "head_dim")
+
+DTYPES = ("float32", "float16")
+
+
+def past_key(layer: int) -> str:
+    return f"past_key.{layer}"
+
+
+def past_value(layer: int) -> str:
+    return f"past_value.{layer}"
+
+
+def new_key(layer: int) -> str:
+    return f"new_key.{layer}"
+
+
+def new_value(layer: int) -> str:
+    return f"new_value.{layer}"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output: name, element type, shape (ints or symbolic names)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> TensorSpec:
+        return TensorSpec(str(data["name"]), str(data["dtype"]), tuple(data["shape"]))
+
+
+def graph_inputs(
+    num_layers: int, kv_heads: int, head_dim: int, cache_dtype: str
+) -> tuple[TensorSpec, ...]:
+    specs = [
+        TensorSpec(INPUT_IDS, "int64", (BATCH, SEQ)),
+        TensorSpec(POSITION_IDS, "int64", (BATCH, SEQ)),
+    ]
+    for i in range(num_layers):
+        shape = (BATCH, PAST, kv_heads, head_dim)
+        specs.append(TensorSpec(past_key(i), cache_dtype, shape))
+        specs.append(TensorSpec(past_value(i), cache_dtype, shape))
+    return tuple(specs)
+
+
+def graph_outputs(
+    num_layers: int, kv_heads: int, head_dim: int, vocab_size: int, cache_dtype: str
+) -> tuple[TensorSpec, ...]:
+    specs = [TensorSpec(LOGITS, "float32", (BATCH, SEQ, vocab_size))]
+    for i in range(num_layers):
+        shape = (BATCH, SEQ, kv_heads, head_dim)
+        specs.append(TensorSpec(new_key(i), cache_dtype, shape))
+        specs.append(TensorSpec(new_value(i), cache_dtype, shape))
+    return tuple(specs)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the runtime needs to know about one exported model (target or draft)."""
+
+    role: str  # "target" or "draft"
+    name: str  # how users select it: "target", or a drafter name such as "draft", "self"
+    graph: str  # file name of the ONNX graph, relative to the artifact folder
+    architecture: str  # Hugging Face model_type, e.g. "llama", "qwen2", "gpt2"
+    source: str  # where the weights came from (folder, .gguf file, hub id)
+    num_layers: int
+    num_heads: int
+    kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int  # rows of the logits; may exceed the tokenizer's size (padding rows)
+    max_length: int  # positions the graph may address (cache capacity)
+    dtype: str  # dtype of the cache and weights: "float32" or "float16"
+    num_parameters: int
+    weight_bytes: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    parity: dict[str, Any] = field(default_factory=dict)
+    variant: str = "plain"  # how the graph was made: "plain", "int4", ...
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["inputs"] = [t.to_json() for t in self.inputs]
+        data["outputs"] = [t.to_json() for t in self.outputs]
+        return data
+
+    @staticmethod
+    def from_json(data: dict[str, Any], where: str) -> ModelSpec:
+        required = [
+            "role", "graph", "architecture", "num_layers", "num_heads", "kv_heads", "head_dim",
+            "hidden_size", "vocab_size", "max_length", "dtype", "inputs", "outputs",
+        ]  # fmt: skip
+        missing = [k for k in required if k not in data]
+        if missing:
+            raise ArtifactError(
+                f"{where}: the manifest entry lacks {', '.join(missing)}",
+                "re-export the artifact with `specx export`",
+            )
+        if data["dtype"] not in DTYPES:
+            raise ArtifactError(f"{where}: unknown dtype {data['dtype']!r}", "re-export")
+        return ModelSpec(
+            role=str(data["role"]),
+            name=str(data.get("name", data["role"])),
+            graph=str(data["graph"]),
+            architecture=str(data["architecture"]),
+            source=str(data.get("source", "")),
+            num_layers=int(data["num_layers"]),
+            num_heads=int(data["num_heads"]),
+            kv_heads=int(data["kv_heads"]),
+            head_dim=int(data["head_dim"]),
+            hidden_size=int(data["hidden_size"]),
+            vocab_size=int(data["vocab_size"]),
+            max_length=int(data["max_length"]),
+            dtype=str(data["dtype"]),
+            num_parameters=int(data.get("num_parameters", 0)),
+            weight_bytes=int(data.get("weight_bytes", 0)),
+            inputs=tuple(TensorSpec.from_json(t) for t in data["inputs"]),
+            outputs=tuple(TensorSpec.from_json(t) for t in data["outputs"]),
+            parity=dict(data.get("parity", {})),
+            variant=str(data.get("variant", "plain")),
+        )
+
+    def expected_inputs(self) -> tuple[TensorSpec, ...]:
+        return graph_inputs(self.num_layers, self.kv_heads, self.head_dim, self.dtype)
+
+    def expected_outputs(self) -> tuple[TensorSpec, ...]:
+        return graph_outputs(
+            self.num_layers, self.kv_heads, self.head_dim, self.vocab_size, self.dtype
+        )
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int | None
+    bos_token: str | None = None
+    eos_token: str | None = None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format_version: int
+    pair_id: str  # random id shared by every graph of one export; mixing artifacts is refused
+    target: ModelSpec
+    drafts: tuple[ModelSpec, ...]  # zero or more draft models; the first is the default
+    tokenizer: str
+    tokenizer_vocab_size: int
+    special_tokens: SpecialTokens
+    chat_template: str | None
+    max_length: int  # usable context of the pair: min over the models
+    exporter: dict[str, Any] = field(default_factory=dict)  # versions, options, timings
+
+    @property
+    def draft(self) -> ModelSpec | None:
+        return self.drafts[0] if self.drafts else None
+
+    def find_draft(self, name: str) -> ModelSpec:
+        for spec in self.drafts:
+            if spec.name == name:
+                return spec
+        names = ", ".join(d.name for d in self.drafts) or "none"
+        raise ArtifactError(f"this artifact has no draft named {name!r} (it has: {names})")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version,
+            "pair_id": self.pair_id,
+            "max_length": self.max_length,
+            "cache_layout": list(CACHE_LAYOUT),
+            "tokenizer": self.tokenizer,
+            "tokenizer_vocab_size": self.tokenizer_vocab_size,
+            "special_tokens": asdict(self.special_tokens),
+            "chat_template": self.chat_template,
+            "target": self.target.to_json(),
+            "drafts": [d.to_json() for d in self.drafts],
+            "exporter": self.exporter,
+        }
+
+    def write(self, folder: Path) -> Path:
+        path = folder / MANIFEST_FILE
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n", encoding="utf-8")
+        return path
+
+    @staticmethod
+    def from_json(data: dict[str, Any], where: str = MANIFEST_FILE) -> Manifest:
+        version = data.get("format_version")
+        if not isinstance(version, int):
+            raise ArtifactError(f"{where}: no integer format_version", "re-export the artifact")
+        if version > FORMAT_VERSION:
+            raise ArtifactError(
+                f"{where} has format version {version}, newer than this specx understands "
+                f"({FORMAT_VERSION})",
+                "upgrade specx, or re-export the artifact with this version",
+            )
+        missing = [
+            k
+            for k in ("pair_id", "target", "tokenizer", "special_tokens", "max_length")
+            if k not in data
+        ]
+        if missing:
+            raise ArtifactError(
+                f"{where} lacks the field(s) {', '.join(missing)}", "re-export the artifact"
+            )
+        if list(data.get("cache_layout", CACHE_LAYOUT)) != list(CACHE_LAYOUT):
+            raise ArtifactError(
+                f"{where}: cache layout {data['cache_layout']} is not {list(CACHE_LAYOUT)}",
+                "re-export the artifact with this version of specx",
+            )
+        st = data["special_tokens"]
+        special = SpecialTokens(
+            bos_token_id=st.get("bos_token_id"),
+            eos_token_ids=tuple(int(t) for t in st.get("eos_token_ids", ())),
+            pad_token_id=st.get("pad_token_id"),
+            bos_token=st.get("bos_token"),
+            eos_token=st.get("eos_token"),
+        )
+        return Manifest(
+            format_version=version,
+            pair_id=str(data["pair_id"]),
+            target=ModelSpec.from_json(data["target"], f"{where} [target]"),
+            drafts=tuple(
+                ModelSpec.from_json(d, f"{where} [drafts][{i}]")
+                for i, d in enumerate(data.get("drafts", []))
+            ),
+            tokenizer=str(data["tokenizer"]),
+            tokenizer_vocab_size=int(data.get("tokenizer_vocab_size", 0)),
+            special_tokens=special,
+            chat_template=data.get("chat_template"),
+            max_length=int(data["max_length"]),
+            exporter=dict(data.get("exporter", {})),
+        )
+
+    @staticmethod
+    def read(folder: Path) -> Manifest:
+        path = folder / MANIFEST_FILE
+        if not folder.is_dir():
+            raise ArtifactError(
+                f"{folder} is not a folder",
+                "pass the folder written by `specx export -o FOLDER`",
+            )
+        if not path.is_file():
+            raise ArtifactError(
+                f"{folder} holds no {MANIFEST_FILE}",
+                "pass the folder written by `specx export -o FOLDER`, or re-export",
+            )
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ArtifactError(f"{path} cannot be read as JSON: {e}", "re-export") from e
+        if not isinstance(data, dict):
+            raise ArtifactError(f"{path} does not hold a JSON object", "re-export")
+        try:
+            return Manifest.from_json(data, str(path))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ArtifactError(f"{path} is malformed: {e!r}", "re-export") from e

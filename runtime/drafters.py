@@ -1,0 +1,127 @@
+"""Drafters: anything that proposes the next tokens cheaply.
+
+One narrow interface (like transformers' ``CandidateGenerator``):
+
+    start(prompt, sampling, rng)   a new generation begins with these prompt tokens
+    propose(context, k)            up to k tokens that may follow `context` (every committed token)
+    commit(num_accepted)           how many of the last proposal the target accepted
+
+A drafter that samples returns the distributions it sampled from (``p_draft``), so that the
+verifier can apply the rejection test; a deterministic drafter returns ``p_draft = None`` and its
+tokens count as point masses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from specx.runtime.sampling import SamplingParams, sample, warp
+from specx.runtime.session import ModelSession
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: np.ndarray  # [n] int64, n <= k
+    p_draft: np.ndarray | None  # [n, target_vocab] or None (deterministic: point masses)
+
+
+class Drafter(Protocol):
+    name: str
+    model_passes: int  # draft-model passes so far (0 for a lookup drafter)
+
+    def start(
+        self, prompt: np.ndarray, sampling: SamplingParams, rng: np.random.Generator
+    ) -> None: ...
+
+    def propose(self, context: np.ndarray, k: int) -> Proposal: ...
+
+    def commit(self, num_accepted: int) -> None: ...
+
+
+EMPTY = np.zeros(0, dtype=np.int64)
+
+
+class ModelDrafter:
+    """A draft model with its own preallocated cache.
+
+    Invariant between calls: the cache holds a prefix of the committed tokens. ``propose`` feeds
+    the committed tokens the cache lacks (one or two after a verify), then K - 1 drafted tokens
+    one at a time; ``commit`` truncates the cache to what the target kept.
+    """
+
+    def __init__(
+        self,
+        session: ModelSession,
+        capacity: int,
+        target_vocab: int,
+        eos_token_ids: tuple[int, ...] = (),
+        name: str = "draft",
+    ) -> None:
+        self.name = name
+        self.session = session
+        self.cache = session.new_cache(capacity)
+        self.target_vocab = target_vocab
+        # Tokens both models can emit; the rest are padding rows of the larger vocabulary.
+        self.shared_vocab = min(session.vocab_size, target_vocab)
+        self.eos = np.asarray(eos_token_ids, dtype=np.int64)
+        self.model_passes = 0
+        self._sampling = SamplingParams()
+        self._rng = np.random.default_rng(0)
+        self._context_len = 0
+        self._fed_from_proposal = 0
+
+    def _input(self, tokens: np.ndarray) -> np.ndarray:
+        # A target padding-row id (possible only with untrained targets) is not a valid draft
+        # input; feed token 0 instead. The draft then guesses worse, the output stays exact.
+        if tokens.size and int(tokens.max()) >= self.session.vocab_size:
+            return np.where(tokens < self.session.vocab_size, tokens, 0)
+        return tokens
+
+    def start(self, prompt: np.ndarray, sampling: SamplingParams, rng: np.random.Generator) -> None:
+        self._sampling = sampling
+        self._rng = rng
+        self.cache.reset()
+        if prompt.shape[0] > 1:
+            self.session.prefill(self._input(prompt[:-1]), self.cache)
+            self.model_passes += -(-(prompt.shape[0] - 1) // self.session.max_chunk)
+
+    def _next(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
+        row = logits[: self.shared_vocab]
+        if self._sampling.greedy:
+            return int(np.argmax(row)), None
+        probs = warp(row, self._sampling)  # [shared_vocab]
+        token = sample(probs, self._rng)
+        full = np.zeros(self.target_vocab, dtype=np.float64)  # [target_vocab]
+        full[: self.shared_vocab] = probs
+        return token, full
+
+    def propose(self, context: np.ndarray, k: int) -> Proposal:
+        self._context_len = int(context.shape[0])
+        self._fed_from_proposal = 0
+        if k <= 0:
+            return Proposal(EMPTY, None)
+        pending = context[self.cache.length :]  # committed tokens the draft has not seen
+        logits = self.session.prefill(self._input(pending), self.cache)
+        self.model_passes += -(-pending.shape[0] // self.session.max_chunk)
+        assert logits is not None
+        tokens: list[int] = []
+        rows: list[np.ndarray] = []
+        for i in range(k):
+            token, probs = self._next(logits)
+            tokens.append(token)
+            if probs is not None:
+                rows.append(probs)
+            if i == k - 1 or (self.eos.size and token in self.eos):
+                break
+            logits = self.session.forward(self._input(np.array([token])), self.cache)[0]
+            self.model_passes += 1
+            self._fed_from_proposal += 1
+        p_draft = np.stack(rows) if rows else None  # [n, target_vocab]
+        return Proposal(np.asarray(tokens, dtype=np.int64), p_draft)
+
+    def commit(self, num_accepted: int) -> None:
+        kept = self._context_len + min(num_accepted, self._fed_from_proposal)
+        self.cache.truncate(min(kept, self.cache.length))

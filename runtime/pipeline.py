@@ -1,0 +1,285 @@
+"""The embedding API: ``Pipeline.load(folder).generate(prompt)``, or ``.stream(prompt)``.
+
+A pipeline loads each graph once. Every generation borrows a workspace (the target's binding,
+its KV cache, a drafter with its own cache) from a pool and gives it back at the end, so one
+pipeline can be shared by threads: concurrent generations run on separate workspaces, and
+repeated generations reuse the same buffers instead of allocating new ones.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specx.runtime.contract import TOKENIZER_FILE, Manifest, ModelSpec
+from specx.runtime.drafters import Drafter, ModelDrafter
+from specx.runtime.errors import ArtifactError, InputError
+from specx.runtime.generate import KPolicy, decode_loop
+from specx.runtime.kv_cache import KVCache
+from specx.runtime.sampling import SamplingParams
+from specx.runtime.session import ModelSession
+from specx.runtime.stats import Stats
+from specx.runtime.tokenizer import TextCodec
+
+MAX_K = 16
+DEFAULT_K = 4
+PAIR_ID_KEY = "specx.pair_id"
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    prompt_token_ids: list[int]
+    stats: Stats
+    finished: bool = True  # False when the consumer stopped early (e.g. Ctrl-C)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "prompt_tokens": len(self.prompt_token_ids),
+            "finished": self.finished,
+            "stats": self.stats.to_json(),
+        }
+
+
+@dataclass
+class _Workspace:
+    drafter_name: str
+    target: ModelSession
+    cache: KVCache
+    drafter: Drafter | None
+
+
+@dataclass
+class Generation:
+    """An iterator of text deltas; ``result`` is complete once iteration ends (or stops)."""
+
+    _iterator: Iterator[str]
+    result: GenerationResult
+    _close: Any = field(repr=False, default=None)
+
+    def __iter__(self) -> Iterator[str]:
+        return self._iterator
+
+    def __next__(self) -> str:
+        return next(self._iterator)
+
+    def close(self) -> None:
+        self._iterator.close()  # type: ignore[attr-defined]
+
+
+class Pipeline:
+    def __init__(
+        self,
+        folder: Path,
+        manifest: Manifest,
+        codec: TextCodec,
+        providers: Sequence[str] | None,
+        threads: int | None,
+    ) -> None:
+        self.folder = folder
+        self.manifest = manifest
+        self.codec = codec
+        self.providers = list(providers) if providers else None
+        self.threads = threads
+        self.target = self._open_graph(manifest.target)
+        self._drafts: dict[str, ModelSession] = {}
+        self._pool: dict[str, list[_Workspace]] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(
+        cls,
+        folder: str | Path,
+        providers: Sequence[str] | None = None,
+        threads: int | None = None,
+    ) -> Pipeline:
+        """Open an artifact written by `specx export`: manifest, graphs, tokenizer.json."""
+        path = Path(folder)
+        manifest = Manifest.read(path)
+        codec = TextCodec(
+            path / manifest.tokenizer, manifest.special_tokens, manifest.chat_template
+        )
+        if manifest.tokenizer_vocab_size and codec.vocab_size != manifest.tokenizer_vocab_size:
+            raise ArtifactError(
+                f"{TOKENIZER_FILE} has {codec.vocab_size} tokens, the manifest says "
+                f"{manifest.tokenizer_vocab_size}",
+                "the tokenizer comes from another export; re-export the artifact",
+            )
+        return cls(path, manifest, codec, providers, threads)
+
+    def _open_graph(self, spec: ModelSpec) -> ModelSession:
+        session = ModelSession(self.folder / spec.graph, spec, self.providers, self.threads)
+        pair_id = session.metadata().get(PAIR_ID_KEY)
+        if pair_id != self.manifest.pair_id:
+            raise ArtifactError(
+                f"{spec.graph} belongs to export {pair_id!r}, the manifest to "
+                f"{self.manifest.pair_id!r}: graphs from different exports are mixed",
+                "use the folder of one `specx export` run as it was written",
+            )
+        return session
+
+    # -- drafters -------------------------------------------------------------------------
+    @property
+    def drafter_names(self) -> list[str]:
+        return [d.name for d in self.manifest.drafts] + ["none"]
+
+    @property
+    def default_drafter(self) -> str:
+        return self.drafter_names[0]
+
+    def _draft_session(self, spec: ModelSpec) -> ModelSession:
+        if spec.graph == self.manifest.target.graph:
+            return self.target  # the target drafting for itself shares its loaded graph
+        if spec.graph not in self._drafts:
+            self._drafts[spec.graph] = self._open_graph(spec)
+        return self._drafts[spec.graph]
+
+    def _new_workspace(self, drafter_name: str) -> _Workspace:
+        target = self.target.fork()
+        cache = target.new_cache(self.manifest.max_length)
+        drafter: Drafter | None = None
+        if drafter_name != "none":
+            spec = self.manifest.find_draft(drafter_name)
+            session = self._draft_session(spec).fork()
+            drafter = ModelDrafter(
+                session,
+                self.manifest.max_length,
+                self.manifest.target.vocab_size,
+                self.manifest.special_tokens.eos_token_ids,
+                name=drafter_name,
+            )
+        return _Workspace(drafter_name, target, cache, drafter)
+
+    def _acquire(self, drafter_name: str) -> _Workspace:
+        with self._lock:
+            free = self._pool.setdefault(drafter_name, [])
+            if free:
+                return free.pop()
+            return self._new_workspace(drafter_name)
+
+    def _release(self, workspace: _Workspace) -> None:
+        with self._lock:
+            self._pool[workspace.drafter_name].append(workspace)
+
+    # -- generation -----------------------------------------------------------------------
+    def encode_prompt(
+        self, prompt: str | Sequence[int] | np.ndarray, chat: bool = False, system: str | None = None
+    ) -> np.ndarray:
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise InputError("the prompt is empty", "pass some text with --prompt")
+            ids = self.codec.encode_chat(prompt, system) if chat else self.codec.encode(prompt)
+        else:
+            ids = np.asarray(prompt, dtype=np.int64).reshape(-1)
+        if ids.shape[0] == 0:
+            raise InputError("the prompt encodes to no tokens", "pass some text")
+        limit = self.manifest.max_length
+        if ids.shape[0] > limit:
+            raise InputError(
+                f"the prompt has {ids.shape[0]} tokens; this artifact's maximum context is {limit}",
+                "shorten the prompt, or re-export with a larger --max-length",
+            )
+        vocab = self.manifest.target.vocab_size
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise InputError(f"prompt token ids must lie in [0, {vocab})")
+        return ids
+
+    def _resolve(self, k: int | None, drafter: str | None) -> tuple[int, str]:
+        name = drafter or self.default_drafter
+        if name not in self.drafter_names:
+            raise InputError(
+                f"unknown drafter {name!r}", f"choose one of: {', '.join(self.drafter_names)}"
+            )
+        k = DEFAULT_K if k is None else k
+        if not 0 <= k <= MAX_K:
+            raise InputError(f"K must be in 0..{MAX_K}, got {k}", "e.g. -k 4, or -k 0 for none")
+        if k == 0:
+            name = "none"
+        elif name == "none":
+            raise InputError(
+                f"K={k} needs a drafter, and this artifact has none",
+                "use -k 0 (target alone), or export with --draft",
+            )
+        return k, name
+
+    def stream(
+        self,
+        prompt: str | Sequence[int] | np.ndarray,
+        *,
+        max_new_tokens: int = 128,
+        k: int | None = None,
+        drafter: str | None = None,
+        sampling: SamplingParams | None = None,
+        chat: bool = False,
+        system: str | None = None,
+    ) -> Generation:
+        """Start a generation; iterate the returned object for text as it is accepted."""
+        if max_new_tokens < 1:
+            raise InputError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
+        k, drafter_name = self._resolve(k, drafter)
+        sampling = sampling or SamplingParams()
+        prompt_ids = self.encode_prompt(prompt, chat, system)
+        stats = Stats(k=k, drafter=drafter_name)
+        result = GenerationResult("", [], prompt_ids.tolist(), stats, finished=False)
+        return Generation(
+            self._run(prompt_ids, max_new_tokens, KPolicy(k), drafter_name, sampling, result),
+            result,
+        )
+
+    def _run(
+        self,
+        prompt_ids: np.ndarray,
+        max_new_tokens: int,
+        policy: KPolicy,
+        drafter_name: str,
+        sampling: SamplingParams,
+        result: GenerationResult,
+    ) -> Iterator[str]:
+        workspace = self._acquire(drafter_name)
+        decoder = self.codec.stream_decoder()
+        try:
+            for tokens in decode_loop(
+                workspace.target,
+                workspace.cache,
+                workspace.drafter,
+                prompt_ids,
+                max_new_tokens,
+                policy,
+                sampling,
+                self.manifest.special_tokens.eos_token_ids,
+                result.stats,
+            ):
+                result.token_ids.extend(tokens.tolist())
+                delta = decoder.push(tokens.tolist())
+                result.text += delta
+                if delta:
+                    yield delta
+            tail = decoder.flush()
+            result.text += tail
+            result.finished = True
+            if tail:
+                yield tail
+        finally:
+            if not result.finished:
+                result.text += decoder.flush()
+                result.stats.stop_reason = result.stats.stop_reason or "interrupted"
+            self._release(workspace)
+
+    def generate(
+        self,
+        prompt: str | Sequence[int] | np.ndarray,
+        **options: Any,
+    ) -> GenerationResult:
+        """Generate to completion; returns text, token ids and stats."""
+        generation = self.stream(prompt, **options)
+        for _ in generation:
+            pass
+        return generation.result

@@ -1,0 +1,219 @@
+"""One ONNX Runtime session per graph, run through I/O binding against a KVCache.
+
+``forward(tokens, cache)`` binds the cache's valid prefix as the ``past`` inputs and the slots
+right after it as the ``new`` outputs, so keys and values are written straight into the cache;
+the logits land in a preallocated host buffer. Nothing is allocated or copied per step apart
+from the token ids and positions.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from specx.runtime import contract
+from specx.runtime.contract import ModelSpec
+from specx.runtime.errors import ArtifactError, InputError, ProviderError
+from specx.runtime.kv_cache import NP_DTYPES, KVCache
+
+PROVIDER_ALIASES = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "trt": "TensorrtExecutionProvider",
+}
+ORT_TYPES = {"tensor(int64)": "int64", "tensor(float)": "float32", "tensor(float16)": "float16"}
+
+# Prefill runs in chunks of this many tokens: it bounds the logits buffer ([chunk, vocab]) and the
+# attention scratch, and costs nothing in speed at this size.
+DEFAULT_CHUNK = 128
+
+
+def resolve_providers(requested: Sequence[str] | None) -> list[str]:
+    """Map user names (cpu, cuda, tensorrt) to ONNX Runtime provider names; check availability."""
+    names = list(requested or ["cpu"])
+    available = ort.get_available_providers()
+    resolved: list[str] = []
+    for name in names:
+        full = PROVIDER_ALIASES.get(name.lower(), name)
+        if full not in available:
+            hint = (
+                "install the GPU runtime: `pip uninstall -y onnxruntime && pip install "
+                "'specx[gpu]'` (never both packages in one environment)"
+                if full != "CPUExecutionProvider"
+                else "check the onnxruntime installation"
+            )
+            raise ProviderError(
+                f"execution provider {name!r} is not available in this onnxruntime "
+                f"(available: {', '.join(available)})",
+                hint,
+            )
+        resolved.append(full)
+    if "CPUExecutionProvider" not in resolved:
+        resolved.append("CPUExecutionProvider")  # fallback for ops a GPU provider lacks
+    return resolved
+
+
+def device_of(providers: Sequence[str]) -> str:
+    return "cuda" if providers[0] in ("CUDAExecutionProvider", "TensorrtExecutionProvider") else "cpu"
+
+
+class ModelSession:
+    """An ONNX graph that follows the contract, bound to caches through I/O binding."""
+
+    def __init__(
+        self,
+        graph_path: Path,
+        spec: ModelSpec,
+        providers: Sequence[str] | None = None,
+        threads: int | None = None,
+        max_chunk: int = DEFAULT_CHUNK,
+        provider_options: Sequence[dict[str, Any]] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.path = graph_path
+        self.providers = resolve_providers(providers)
+        self.device = device_of(self.providers)
+        if not graph_path.is_file():
+            raise ArtifactError(
+                f"graph file {graph_path} is missing", "re-export the artifact with `specx export`"
+            )
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads:
+            options.intra_op_num_threads = threads
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(
+                str(graph_path),
+                options,
+                providers=self.providers,
+                provider_options=list(provider_options) if provider_options else None,
+            )
+        except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph/... types
+            raise ArtifactError(
+                f"onnxruntime cannot load {graph_path.name}: {str(e).splitlines()[0][:300]}",
+                "the file is corrupt or truncated; re-export the artifact",
+            ) from e
+        active = self.session.get_providers()
+        if self.providers[0] not in active:
+            raise ProviderError(
+                f"{self.providers[0]} failed to initialise (active: {', '.join(active)})",
+                "check the CUDA/TensorRT installation and that a GPU is visible",
+            )
+        self._check_io()
+        self.max_chunk = max_chunk
+        self.vocab_size = spec.vocab_size
+        self._logits = np.empty((max_chunk, spec.vocab_size), np.float32)
+        self._binding = self.session.io_binding()
+        self._cache_np_dtype = NP_DTYPES[spec.dtype]
+        self.passes = 0  # forward calls, for stats and tests
+
+    def fork(self) -> ModelSession:
+        """A handle sharing the loaded graph but with its own binding and logits buffer.
+
+        ONNX Runtime sessions may run concurrently; bindings and output buffers may not. Each
+        concurrent generation therefore works on its own fork.
+        """
+        other = copy.copy(self)
+        other._logits = np.empty_like(self._logits)
+        other._binding = self.session.io_binding()
+        other.passes = 0
+        return other
+
+    def metadata(self) -> dict[str, str]:
+        return dict(self.session.get_modelmeta().custom_metadata_map)
+
+    def _check_io(self) -> None:
+        got_in = {i.name: i for i in self.session.get_inputs()}
+        got_out = {o.name: o for o in self.session.get_outputs()}
+        for expected, got, kind in (
+            (self.spec.expected_inputs(), got_in, "input"),
+            (self.spec.expected_outputs(), got_out, "output"),
+        ):
+            names = {t.name for t in expected}
+            extra = sorted(set(got) - names)
+            if extra:
+                raise ArtifactError(
+                    f"{self.path.name} has {kind}(s) {extra[:4]} that the manifest does not list",
+                    "the graph and manifest come from different exports; re-export",
+                )
+            for t in expected:
+                node = got.get(t.name)
+                if node is None:
+                    raise ArtifactError(
+                        f"{self.path.name} lacks the {kind} {t.name!r} that the manifest lists",
+                        "the graph and manifest come from different exports; re-export",
+                    )
+                dtype = ORT_TYPES.get(node.type, node.type)
+                if dtype != t.dtype or len(node.shape) != len(t.shape):
+                    raise ArtifactError(
+                        f"{self.path.name}: {kind} {t.name!r} is {dtype} of rank "
+                        f"{len(node.shape)}, the manifest says {t.dtype} of rank {len(t.shape)}",
+                        "the graph and manifest come from different exports; re-export",
+                    )
+                for got_dim, want_dim in zip(node.shape, t.shape, strict=True):
+                    if isinstance(want_dim, int) and isinstance(got_dim, int) and got_dim != want_dim:
+                        raise ArtifactError(
+                            f"{self.path.name}: {kind} {t.name!r} has shape {node.shape}, the "
+                            f"manifest says {list(t.shape)}",
+                            "the graph and manifest come from different exports; re-export",
+                        )
+
+    def new_cache(self, capacity: int) -> KVCache:
+        s = self.spec
+        return KVCache(s.num_layers, s.kv_heads, s.head_dim, capacity, s.dtype, self.device)
+
+    def forward(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
+        """Run the new `tokens` ([seq] int64) on top of `cache`; the cache grows by seq.
+
+        Returns the logits of every new position, [seq, vocab], as a view into a buffer that the
+        next call overwrites.
+        """
+        seq = int(tokens.shape[0])
+        past = cache.length
+        if seq < 1 or seq > self.max_chunk:
+            raise InputError(f"a pass takes 1..{self.max_chunk} tokens, got {seq}")
+        if past + seq > cache.capacity:
+            raise InputError(
+                f"cache overflow: {past} cached + {seq} new positions exceed {cache.capacity}"
+            )
+        ids = np.ascontiguousarray(tokens, dtype=np.int64).reshape(1, seq)
+        positions = np.arange(past, past + seq, dtype=np.int64).reshape(1, seq)
+        io = self._binding
+        io.bind_cpu_input(contract.INPUT_IDS, ids)
+        io.bind_cpu_input(contract.POSITION_IDS, positions)
+        dev, dt = cache.device, self._cache_np_dtype
+        past_shape = [1, past, cache.kv_heads, cache.head_dim]
+        new_shape = [1, seq, cache.kv_heads, cache.head_dim]
+        for layer in range(cache.num_layers):
+            io.bind_input(contract.past_key(layer), dev, 0, dt, past_shape, cache.key_ptr(layer))
+            io.bind_input(
+                contract.past_value(layer), dev, 0, dt, past_shape, cache.value_ptr(layer)
+            )
+            io.bind_output(
+                contract.new_key(layer), dev, 0, dt, new_shape, cache.key_ptr(layer, past)
+            )
+            io.bind_output(
+                contract.new_value(layer), dev, 0, dt, new_shape, cache.value_ptr(layer, past)
+            )
+        io.bind_output(
+            contract.LOGITS, "cpu", 0, np.float32, [1, seq, self.vocab_size], self._logits.ctypes.data
+        )
+        self.session.run_with_iobinding(io)
+        cache.advance(seq)
+        self.passes += 1
+        return self._logits[:seq]
+
+    def prefill(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray | None:
+        """Run any number of tokens in chunks; returns a copy of the last logits row (or None)."""
+        last: np.ndarray | None = None
+        for start in range(0, int(tokens.shape[0]), self.max_chunk):
+            logits = self.forward(tokens[start : start + self.max_chunk], cache)
+            last = logits[-1].copy()
+        return last

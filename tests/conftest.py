@@ -1,0 +1,97 @@
+"""Shared fixtures: tiny models exported once per session, per architecture."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+HAS_EXPORTER = all(importlib.util.find_spec(m) for m in ("torch", "transformers", "onnx"))
+needs_exporter = pytest.mark.skipif(not HAS_EXPORTER, reason="needs specx[export]")
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    import onnxruntime as ort
+
+    has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+    has_trt = importlib.util.find_spec("tensorrt") is not None and has_cuda
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(pytest.mark.skip(reason="no CUDA execution provider here"))
+        if "tensorrt" in item.keywords and not has_trt:
+            item.add_marker(pytest.mark.skip(reason="no TensorRT here"))
+
+
+@dataclass
+class TinyPair:
+    """An exported artifact plus the source models it came from."""
+
+    artifact: Path
+    target: Any  # the transformers model (reference for equality tests)
+    sources: dict[str, Path]  # name -> saved HF folder
+    arch: str
+    max_length: int
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Any:
+    import tiny_models
+
+    return tiny_models.build_tokenizer()
+
+
+def _export_tiny(
+    root: Path, tokenizer: Any, arch: str, max_length: int = 128, target_extra_rows: int = 0
+) -> TinyPair:
+    import tiny_models
+
+    from specx.exporter import ExportOptions, export_pair
+
+    vocab = tokenizer.get_vocab_size()
+    target = tiny_models.build_model(arch, vocab + target_extra_rows, seed=1)
+    mixed = tiny_models.build_model(arch, vocab + target_extra_rows, seed=1)
+    mixed.load_state_dict(tiny_models.perturbed_copy(target, 0.02, seed=7).state_dict())
+    other = tiny_models.build_model(arch, vocab, seed=2)
+    sources = {
+        "target": tiny_models.save(target, tokenizer, root / f"{arch}-target"),
+        "mixed": tiny_models.save(mixed, tokenizer, root / f"{arch}-mixed"),
+        "other": tiny_models.save(other, tokenizer, root / f"{arch}-other"),
+    }
+    artifact = root / f"{arch}-artifact"
+    export_pair(
+        str(sources["target"]),
+        [f"mixed={sources['mixed']}", f"other={sources['other']}", str(sources["target"])],
+        artifact,
+        ExportOptions(max_length=max_length, check_k=4),
+        log=lambda _m: None,
+    )
+    return TinyPair(artifact, target, sources, arch, max_length)
+
+
+@pytest.fixture(scope="session")
+def llama_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
+    return _export_tiny(tmp_path_factory.mktemp("llama"), tokenizer, "llama")
+
+
+@pytest.fixture(scope="session")
+def gpt2_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
+    return _export_tiny(tmp_path_factory.mktemp("gpt2"), tokenizer, "gpt2")
+
+
+@pytest.fixture(scope="session")
+def qwen2_padded_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
+    """Qwen2 whose target has 16 padding rows beyond the tokenizer (the draft 'other' has none)."""
+    return _export_tiny(
+        tmp_path_factory.mktemp("qwen2"), tokenizer, "qwen2", target_extra_rows=16
+    )
+
+
+@pytest.fixture(scope="session")
+def mistral_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
+    return _export_tiny(tmp_path_factory.mktemp("mistral"), tokenizer, "mistral")
