@@ -80,7 +80,9 @@ def _named_drafts(drafts: Sequence[str], target: str) -> list[tuple[str, str]]:
         name, sep, source = item.partition("=")
         if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name) or Path(item).exists():
             source = item
-            name = "self" if _same_source(item, target) else ("draft" if i == 0 else f"draft{i + 1}")
+            name = (
+                "self" if _same_source(item, target) else ("draft" if i == 0 else f"draft{i + 1}")
+            )
         if name in RESERVED_NAMES:
             raise ExportError(f"draft name {name!r} is reserved", "choose another NAME=SOURCE")
         if name in (n for n, _ in named):
@@ -141,7 +143,9 @@ def _export_into(
 
     def export_one(src: SourceModel, role: str, graph: str) -> ModelSpec:
         t0 = time.perf_counter()
-        spec = export_graph(src, folder, role, graph, options.max_length, pair_id, options.opset, log)
+        spec = export_graph(
+            src, folder, role, graph, options.max_length, pair_id, options.opset, log
+        )
         timings[f"{graph}_export_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         parity = check_parity(src, folder, spec, options.check_k, log)

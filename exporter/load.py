@@ -50,9 +50,12 @@ def check_architecture(config: Any, where: str) -> None:
                 "use a model with default, linear, llama3 or yarn rope scaling",
             )
         return
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    heads = [a for a in getattr(config, "architectures", None) or []]
+    causal_heads = [a for a in heads if a.endswith(("ForCausalLM", "LMHeadModel"))]
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (heads and not causal_heads):
+        what = f"{model_type!r} model" + (f" ({', '.join(heads)})" if heads else "")
         raise ExportError(
-            f"{where} is a {model_type!r} model, not a causal language model",
+            f"{where} is a {what}, not a causal language model",
             f"pass a decoder-only LM; specx exports {_supported_list()}",
         )
     raise ExportError(

@@ -100,6 +100,24 @@ def tie_lm_head(model: Any) -> bool:
     return False
 
 
+def stamp_io_shapes(
+    model: Any, inputs: tuple[contract.TensorSpec, ...], outputs: tuple[contract.TensorSpec, ...]
+) -> None:
+    """Write the contract's shapes on the graph's inputs/outputs (the tracer leaves some fixed
+    dims, e.g. head_dim of the new keys, as generated symbolic names)."""
+    specs = {t.name: t for t in (*inputs, *outputs)}
+    for value in (*model.graph.input, *model.graph.output):
+        spec = specs[value.name]
+        dims = value.type.tensor_type.shape.dim
+        del dims[:]
+        for d in spec.shape:
+            dim = dims.add()
+            if isinstance(d, int):
+                dim.dim_value = d
+            else:
+                dim.dim_param = d
+
+
 def weight_stats(model: Any) -> tuple[int, int]:
     """(number of parameters, bytes) over the graph's initializers."""
     from onnx import numpy_helper
@@ -169,24 +187,28 @@ def export_graph(
     trace_s = time.perf_counter() - t0
     model = onnx.load(str(raw_path))
     tied = tie_lm_head(model)
+    stamp_io_shapes(model, inputs, outputs)
     params, nbytes = weight_stats(model)
     model.doc_string = f"specx {role} graph of {src.source}"
-    for key, value in ((PAIR_ID_KEY, pair_id), ("specx.role", role),
-                       ("specx.format_version", str(contract.FORMAT_VERSION))):  # fmt: skip
+    for key, value in (
+        (PAIR_ID_KEY, pair_id),
+        ("specx.role", role),
+        ("specx.format_version", str(contract.FORMAT_VERSION)),
+    ):
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
     out = folder / graph_name
     if nbytes > EXTERNAL_DATA_BYTES:
-        onnx.save_model(
-            model, str(out), save_as_external_data=True, location=f"{graph_name}.data"
-        )
+        onnx.save_model(model, str(out), save_as_external_data=True, location=f"{graph_name}.data")
     else:
         onnx.save_model(model, str(out))
     for f in raw.iterdir():
         f.unlink()
     raw.rmdir()
-    log(f"  {role}: traced in {trace_s:.1f} s, {params / 1e6:.1f}M parameters, "
-        f"{nbytes / 1e6:.0f} MB{' (tied head kept once)' if tied else ''}")  # fmt: skip
+    log(
+        f"  {role}: traced in {trace_s:.1f} s, {params / 1e6:.1f}M parameters, "
+        f"{nbytes / 1e6:.0f} MB{' (tied head kept once)' if tied else ''}"
+    )
     return ModelSpec(
         role=role,
         name=Path(graph_name).stem,

@@ -25,7 +25,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
 }
 
 
-def attention_bias(position_ids: torch.Tensor, total_len: torch.Tensor | int, dtype: Any) -> Any:
+def attention_bias(position_ids: torch.Tensor, total_len: Any, dtype: Any) -> Any:
     """Additive mask [batch, 1, seq, past_len + seq]: key j is visible to a query at position p
     iff j <= p (past keys sit at positions 0..past_len-1, new keys follow)."""
     key_positions = torch.arange(total_len, device=position_ids.device)  # [total]
@@ -66,10 +66,10 @@ def lm_head_logits(hidden: torch.Tensor, head: nn.Module) -> torch.Tensor:
     """Logits in float32. The head runs on a 2-D view so it exports as Gemm(transB=1) on the
     weight as stored; a tied embedding is then kept once instead of adding a transposed copy."""
     batch, seq, width = hidden.shape
-    weight = head.weight  # [vocab, hidden]
+    weight: torch.Tensor = head.weight  # type: ignore[assignment]  # [vocab, hidden]
     bias = getattr(head, "bias", None)
     logits = F.linear(hidden.reshape(batch * seq, width), weight, bias)
-    return logits.reshape(batch, seq, weight.shape[0]).float()
+    return logits.reshape(batch, seq, int(weight.shape[0])).float()
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -218,7 +218,9 @@ def export_cmd(
             "pip install 'specx[export]' (install torch first: pip install torch==2.13.0)",
         ) from e
     options = ExportOptions(max_length=max_length, check_k=check_k, opset=opset, force=force)
-    manifest = export_pair(target, list(drafts), output, options, log=lambda m: click.echo(m, err=True))
+    manifest = export_pair(
+        target, list(drafts), output, options, log=lambda m: click.echo(m, err=True)
+    )
     click.echo(f"wrote {output} (export {manifest.pair_id})", err=True)
 
 

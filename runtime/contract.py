@@ -141,9 +141,20 @@ class ModelSpec:
     @staticmethod
     def from_json(data: dict[str, Any], where: str) -> ModelSpec:
         required = [
-            "role", "graph", "architecture", "num_layers", "num_heads", "kv_heads", "head_dim",
-            "hidden_size", "vocab_size", "max_length", "dtype", "inputs", "outputs",
-        ]  # fmt: skip
+            "role",
+            "graph",
+            "architecture",
+            "num_layers",
+            "num_heads",
+            "kv_heads",
+            "head_dim",
+            "hidden_size",
+            "vocab_size",
+            "max_length",
+            "dtype",
+            "inputs",
+            "outputs",
+        ]
         missing = [k for k in required if k not in data]
         if missing:
             raise ArtifactError(

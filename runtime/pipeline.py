@@ -171,7 +171,10 @@ class Pipeline:
 
     # -- generation -----------------------------------------------------------------------
     def encode_prompt(
-        self, prompt: str | Sequence[int] | np.ndarray, chat: bool = False, system: str | None = None
+        self,
+        prompt: str | Sequence[int] | np.ndarray,
+        chat: bool = False,
+        system: str | None = None,
     ) -> np.ndarray:
         if isinstance(prompt, str):
             if not prompt.strip():

@@ -60,7 +60,9 @@ def resolve_providers(requested: Sequence[str] | None) -> list[str]:
 
 
 def device_of(providers: Sequence[str]) -> str:
-    return "cuda" if providers[0] in ("CUDAExecutionProvider", "TensorrtExecutionProvider") else "cpu"
+    return (
+        "cuda" if providers[0] in ("CUDAExecutionProvider", "TensorrtExecutionProvider") else "cpu"
+    )
 
 
 class ModelSession:
@@ -158,7 +160,11 @@ class ModelSession:
                         "the graph and manifest come from different exports; re-export",
                     )
                 for got_dim, want_dim in zip(node.shape, t.shape, strict=True):
-                    if isinstance(want_dim, int) and isinstance(got_dim, int) and got_dim != want_dim:
+                    if (
+                        isinstance(want_dim, int)
+                        and isinstance(got_dim, int)
+                        and got_dim != want_dim
+                    ):
                         raise ArtifactError(
                             f"{self.path.name}: {kind} {t.name!r} has shape {node.shape}, the "
                             f"manifest says {list(t.shape)}",
@@ -203,7 +209,12 @@ class ModelSession:
                 contract.new_value(layer), dev, 0, dt, new_shape, cache.value_ptr(layer, past)
             )
         io.bind_output(
-            contract.LOGITS, "cpu", 0, np.float32, [1, seq, self.vocab_size], self._logits.ctypes.data
+            contract.LOGITS,
+            "cpu",
+            0,
+            np.float32,
+            [1, seq, self.vocab_size],
+            self._logits.ctypes.data,
         )
         self.session.run_with_iobinding(io)
         cache.advance(seq)

@@ -50,7 +50,6 @@ def _export_tiny(
     root: Path, tokenizer: Any, arch: str, max_length: int = 128, target_extra_rows: int = 0
 ) -> TinyPair:
     import tiny_models
-
     from specx.exporter import ExportOptions, export_pair
 
     vocab = tokenizer.get_vocab_size()
@@ -87,9 +86,7 @@ def gpt2_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
 @pytest.fixture(scope="session")
 def qwen2_padded_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
     """Qwen2 whose target has 16 padding rows beyond the tokenizer (the draft 'other' has none)."""
-    return _export_tiny(
-        tmp_path_factory.mktemp("qwen2"), tokenizer, "qwen2", target_extra_rows=16
-    )
+    return _export_tiny(tmp_path_factory.mktemp("qwen2"), tokenizer, "qwen2", target_extra_rows=16)
 
 
 @pytest.fixture(scope="session")

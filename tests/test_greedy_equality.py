@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import TinyPair, needs_exporter
 
+from conftest import TinyPair, needs_exporter
 from specx.runtime import Pipeline
 
 pytestmark = needs_exporter
@@ -22,7 +22,9 @@ pytestmark = needs_exporter
 TIE_MARGIN = 1e-4  # largest top-2 logit gap counted as a floating-point near-tie
 
 
-def hf_greedy(model: Any, prompt: np.ndarray, max_new_tokens: int, eos: tuple[int, ...]) -> list[int]:
+def hf_greedy(
+    model: Any, prompt: np.ndarray, max_new_tokens: int, eos: tuple[int, ...]
+) -> list[int]:
     import torch
 
     with torch.no_grad():
@@ -37,7 +39,9 @@ def hf_greedy(model: Any, prompt: np.ndarray, max_new_tokens: int, eos: tuple[in
     return out[0, prompt.shape[0] :].tolist()
 
 
-def assert_same_or_near_tie(model: Any, prompt: np.ndarray, got: list[int], want: list[int]) -> None:
+def assert_same_or_near_tie(
+    model: Any, prompt: np.ndarray, got: list[int], want: list[int]
+) -> None:
     import torch
 
     if got == want:
@@ -108,8 +112,9 @@ def test_target_alone_matches_transformers_generate(gpt2_pair: TinyPair) -> None
     prompt = prompt_ids(np.random.default_rng(3), 4, 300)
     result = pipe.generate(prompt, max_new_tokens=50, k=0)
     assert result.stats.target_passes == len(result.token_ids)
-    assert_same_or_near_tie(gpt2_pair.target, prompt, result.token_ids, hf_greedy(
-        gpt2_pair.target, prompt, 50, eos))  # fmt: skip
+    assert_same_or_near_tie(
+        gpt2_pair.target, prompt, result.token_ids, hf_greedy(gpt2_pair.target, prompt, 50, eos)
+    )
 
 
 @pytest.mark.parametrize("k", [1, 4, 8])

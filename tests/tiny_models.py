@@ -49,7 +49,11 @@ def hf_tokenizer(tok: Any) -> Any:
     from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
@@ -82,9 +86,13 @@ def build_model(
     )
     if arch == "gpt2":
         cfg = GPT2Config(
-            n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_positions,
-            initializer_range=init_range, **common,
-        )  # fmt: skip
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=4,
+            n_positions=max_positions,
+            initializer_range=init_range,
+            **common,
+        )
         model = GPT2LMHeadModel(cfg)
     else:
         classes = {
@@ -97,11 +105,18 @@ def build_model(
         if arch == "mistral":
             extra["sliding_window"] = None
         cfg = config_cls(
-            hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-            initializer_range=init_range, tie_word_embeddings=arch != "mistral",
-            rope_theta=10000.0, **common, **extra,
-        )  # fmt: skip
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=max_positions,
+            initializer_range=init_range,
+            tie_word_embeddings=arch != "mistral",
+            rope_theta=10000.0,
+            **common,
+            **extra,
+        )
         model = model_cls(cfg)
     return model.eval()
 

