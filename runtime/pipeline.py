@@ -223,12 +223,26 @@ class Pipeline:
         sampling: SamplingParams | None = None,
         chat: bool = False,
         system: str | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        min_p: float | None = None,
+        seed: int | None = None,
     ) -> Generation:
-        """Start a generation; iterate the returned object for text as it is accepted."""
+        """Start a generation; iterate the returned object for text as it is accepted.
+
+        Sampling is set either with `sampling=SamplingParams(...)` or with the keyword shortcuts
+        (temperature, top_k, top_p, min_p, seed); temperature 0 (the default) is greedy.
+        """
         if max_new_tokens < 1:
             raise InputError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
         k, drafter_name = self._resolve(k, drafter)
-        sampling = sampling or SamplingParams()
+        shortcuts = {"temperature": temperature, "top_k": top_k, "top_p": top_p,
+                     "min_p": min_p, "seed": seed}  # fmt: skip
+        given = {name: v for name, v in shortcuts.items() if v is not None}
+        if sampling is not None and given:
+            raise InputError("pass either sampling=SamplingParams(...) or the keyword shortcuts")
+        sampling = sampling or SamplingParams(**given)  # type: ignore[arg-type]
         prompt_ids = self.encode_prompt(prompt, chat, system)
         stats = Stats(k=k, drafter=drafter_name)
         result = GenerationResult("", [], prompt_ids.tolist(), stats, finished=False)

@@ -92,3 +92,29 @@ def qwen2_padded_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
 @pytest.fixture(scope="session")
 def mistral_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
     return _export_tiny(tmp_path_factory.mktemp("mistral"), tokenizer, "mistral")
+
+
+@pytest.fixture(scope="session")
+def small_vocab_pair(tmp_path_factory: Any) -> TinyPair:
+    """Target and a related draft over 12 tokens, with flat enough distributions to sample."""
+    import tiny_models
+    from specx.exporter import ExportOptions, export_pair
+
+    root = tmp_path_factory.mktemp("smallvocab")
+    tok = tiny_models.build_small_vocab_tokenizer()
+    vocab = tok.get_vocab_size()
+    target = tiny_models.build_model("llama", vocab, seed=11, init_range=0.06)
+    draft = tiny_models.perturbed_copy(target, 0.6, seed=12)
+    sources = {
+        "target": tiny_models.save(target, tok, root / "target"),
+        "draft": tiny_models.save(draft, tok, root / "draft"),
+    }
+    artifact = root / "artifact"
+    export_pair(
+        str(sources["target"]),
+        [str(sources["draft"])],
+        artifact,
+        ExportOptions(max_length=64, check_k=4),
+        log=lambda _m: None,
+    )
+    return TinyPair(artifact, target, sources, "llama", 64)

@@ -140,3 +140,15 @@ def save(model: Any, tokenizer: Any, folder: Path) -> Path:
     model.save_pretrained(folder)
     hf_tokenizer(tokenizer).save_pretrained(folder)
     return folder
+
+
+def build_small_vocab_tokenizer(words: int = 8) -> Any:
+    """A word-level tokenizer of 4 specials + `words` words: outcomes small enough to count."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {token: i for i, token in enumerate(SPECIALS)}
+    for i in range(words):
+        vocab[chr(ord("a") + i)] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tok

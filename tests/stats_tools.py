@@ -1,0 +1,55 @@
+"""A goodness-of-fit test for sampled tokens against an exactly computed distribution."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Hashable, Mapping
+
+import numpy as np
+
+MIN_EXPECTED = 5.0  # cells with fewer expected samples are pooled (chi-square validity)
+
+
+def chi_square_p_value(samples: list[Hashable], expected: Mapping[Hashable, float]) -> float:
+    """p-value of Pearson's chi-square test of `samples` against the distribution `expected`.
+
+    Outcomes the distribution gives zero probability must never occur: one such sample returns
+    p = 0 (an exact failure, not a statistical one). Cells with an expected count below
+    MIN_EXPECTED are pooled into one cell.
+    """
+    from scipy.stats import chisquare
+
+    n = len(samples)
+    counts = Counter(samples)
+    impossible = [s for s in counts if expected.get(s, 0.0) <= 0.0]
+    if impossible:
+        return 0.0
+    observed, wanted = [], []
+    pooled_obs, pooled_exp = 0.0, 0.0
+    for outcome, p in expected.items():
+        if p <= 0.0:
+            continue
+        if n * p >= MIN_EXPECTED:
+            observed.append(counts.get(outcome, 0))
+            wanted.append(n * p)
+        else:
+            pooled_obs += counts.get(outcome, 0)
+            pooled_exp += n * p
+    if pooled_exp > 0:
+        observed.append(pooled_obs)
+        wanted.append(pooled_exp)
+    if len(observed) < 2:
+        return 1.0  # a single outcome: nothing to test beyond the impossibility check
+    f_obs = np.asarray(observed, dtype=np.float64)
+    f_exp = np.asarray(wanted, dtype=np.float64)
+    f_exp *= f_obs.sum() / f_exp.sum()
+    return float(chisquare(f_obs, f_exp).pvalue)
+
+
+def joint_of_pairs(first: np.ndarray, second: np.ndarray) -> dict[tuple[int, int], float]:
+    """P(a, b) = first[a] * second[a, b] for a Markov-style next-token table."""
+    return {
+        (a, b): float(first[a] * second[a, b])
+        for a in range(first.shape[0])
+        for b in range(second.shape[1])
+    }
