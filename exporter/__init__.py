@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from specx.runtime import contract
 from specx.runtime.contract import Manifest, ModelSpec
 from specx.runtime.errors import ExportError
@@ -25,10 +27,13 @@ from specx.runtime.errors import ExportError
 from .check import check_parity
 from .load import SourceModel, chat_template, check_pair, load_source, special_tokens
 from .onnx_export import export_graph
+from .quantize import CALIBRATION_TEXT, QUANTIZED_DRAFTS, derive_quantized_draft
 
 __all__ = ["ExportOptions", "export_pair"]
 
 RESERVED_NAMES = ("none", "ngram", "target", "auto")
+# Drafts that need no second model: quantized copies of the target, or n-gram prompt lookup.
+KEYWORD_DRAFTS = (*QUANTIZED_DRAFTS, "ngram")
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,7 @@ def _named_drafts(drafts: Sequence[str], target: str) -> list[tuple[str, str]]:
             name = (
                 "self" if _same_source(item, target) else ("draft" if i == 0 else f"draft{i + 1}")
             )
-        if name in RESERVED_NAMES:
+        if name in RESERVED_NAMES and source != "ngram":
             raise ExportError(f"draft name {name!r} is reserved", "choose another NAME=SOURCE")
         if name in (n for n, _ in named):
             raise ExportError(f"two drafts are named {name!r}", "give each draft its own NAME=")
@@ -161,9 +166,22 @@ def _export_into(
     special = special_tokens(tsrc)
     template = chat_template(tsrc)
 
+    calibration = tsrc.tokenizer(CALIBRATION_TEXT)["input_ids"]
     draft_specs: list[ModelSpec] = []
+    default_drafter: str | None = None
     for i, (name, draft) in enumerate(_named_drafts(drafts, target)):
         log(f"[{i + 2}/{steps}] draft {name!r}: {draft}")
+        if draft == "ngram":
+            log("  n-gram prompt lookup: no model, nothing to export")
+            if i == 0:
+                default_drafter = "ngram"  # listed first: the default drafter of `specx run`
+            continue
+        if draft in QUANTIZED_DRAFTS and not Path(draft).exists():
+            spec = derive_quantized_draft(
+                folder, target_spec, draft, np.asarray(calibration, dtype=np.int64), name, log
+            )
+            draft_specs.append(spec)
+            continue
         if _same_source(draft, target):
             log("  the target drafts for itself (shows the mechanics; it cannot speed anything up)")
             draft_specs.append(dataclasses.replace(target_spec, role="draft", name=name))
@@ -188,6 +206,7 @@ def _export_into(
         chat_template=template,
         max_length=max_length,
         exporter=_exporter_info(options, timings),
+        default_drafter=default_drafter,
     )
     manifest.write(folder)
     log(f"done in {timings['total_s']:.1f} s")

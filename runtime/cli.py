@@ -90,7 +90,17 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 @click.option("--prompt-file", type=click.Path(path_type=Path), help="Read the prompt from a file.")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template.")
 @click.option("--system", help="System message for --chat.")
-@click.option("-k", "k", type=int, default=None, help="Draft tokens per step (0: target alone).")
+@click.option(
+    "-k", "k", default=None, help="Draft tokens per step: a number (0: target alone) or 'auto'."
+)
+@click.option("--max-k", type=int, default=8, show_default=True, help="Upper bound for -k auto.")
+@click.option(
+    "--draft-p-min",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="A model draft stops proposing below this top probability (0: never).",
+)
 @click.option("--no-draft", is_flag=True, help="Run the target alone (same as -k 0).")
 @click.option("--draft", "drafter", help="Which drafter to use (see `specx info`).")
 @click.option("-n", "--max-new-tokens", type=int, default=128, show_default=True)
@@ -112,7 +122,9 @@ def run(
     prompt_file: Path | None,
     chat: bool,
     system: str | None,
-    k: int | None,
+    k: str | None,
+    max_k: int,
+    draft_p_min: float,
     no_draft: bool,
     drafter: str | None,
     max_new_tokens: int,
@@ -138,6 +150,8 @@ def run(
         max_new_tokens=max_new_tokens,
         k=0 if no_draft else k,
         drafter=drafter,
+        max_k=max_k,
+        draft_p_min=draft_p_min,
         sampling=sampling,
         chat=chat,
         system=system,
@@ -179,17 +193,32 @@ def info(artifact: Path, debug: bool) -> None:
     click.echo(f"artifact  {artifact}  (format {m.format_version}, export {m.pair_id})")
     click.echo(f"context   {m.max_length} tokens; tokenizer {m.tokenizer_vocab_size} tokens")
     for spec in (m.target, *m.drafts):
-        parity = spec.parity.get("max_abs_logit_diff")
-        click.echo(
-            f"{spec.role:<7} {Path(spec.graph).stem:<10} {spec.architecture:<8} "
-            f"{spec.num_layers} layers, {spec.num_parameters / 1e6:.1f}M params, {spec.dtype}, "
-            f"{spec.variant}; parity max|dlogit| = {parity}"
+        p = spec.parity
+        quality = (
+            f"agrees with the target's argmax on {100 * p['argmax_agreement']:.0f}% of a text"
+            if p.get("kind") == "quantized"
+            else f"parity max|dlogit| {p.get('max_abs_logit_diff', float('nan')):.1e}"
         )
+        click.echo(
+            f"{spec.role:<7} {spec.name:<8} {spec.graph:<12} {spec.architecture:<7} "
+            f"{spec.num_layers} layers, {spec.num_parameters / 1e6:.1f}M params, "
+            f"{spec.weight_bytes / 1e6:.0f} MB, {spec.variant}; {quality}"
+        )
+    default = m.default_drafter or (m.drafts[0].name if m.drafts else "none")
+    click.echo(
+        f"drafters {', '.join([d.name for d in m.drafts] + ['ngram', 'none'])}; default {default}"
+    )
 
 
 @main.command(name="export")
 @click.option("--target", required=True, help="Target: HF folder, .gguf file, or hub id.")
-@click.option("--draft", "drafts", multiple=True, help="Draft model (same kinds); repeatable.")
+@click.option(
+    "--draft",
+    "drafts",
+    multiple=True,
+    help="Draft: a model (same kinds as --target), int8 / int4 (a quantized copy of the target), "
+    "ngram (prompt lookup), or NAME=SOURCE. Repeatable; the first is the default.",
+)
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
 @click.option("--max-length", type=int, default=2048, show_default=True, help="Cache capacity.")
 @click.option("--check-k", type=int, default=4, show_default=True, help="K of the parity check.")

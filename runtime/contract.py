@@ -215,6 +215,7 @@ class Manifest:
     chat_template: str | None
     max_length: int  # usable context of the pair: min over the models
     exporter: dict[str, Any] = field(default_factory=dict)  # versions, options, timings
+    default_drafter: str | None = None  # a draft name, "ngram" or "none"; None: the first draft
 
     @property
     def draft(self) -> ModelSpec | None:
@@ -239,6 +240,7 @@ class Manifest:
             "chat_template": self.chat_template,
             "target": self.target.to_json(),
             "drafts": [d.to_json() for d in self.drafts],
+            "default_drafter": self.default_drafter,
             "exporter": self.exporter,
         }
 
@@ -294,6 +296,7 @@ class Manifest:
             chat_template=data.get("chat_template"),
             max_length=int(data["max_length"]),
             exporter=dict(data.get("exporter", {})),
+            default_drafter=data.get("default_drafter"),
         )
 
     @staticmethod

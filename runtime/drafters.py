@@ -59,8 +59,12 @@ class ModelDrafter:
         target_vocab: int,
         eos_token_ids: tuple[int, ...] = (),
         name: str = "draft",
+        min_confidence: float = 0.0,
     ) -> None:
         self.name = name
+        # Stop proposing once the draft's own top probability falls below this (0: never);
+        # llama.cpp's --draft-p-min, transformers' assistant_confidence_threshold.
+        self.min_confidence = min_confidence
         self.session = session
         self.cache = session.new_cache(capacity)
         self.target_vocab = target_vocab
@@ -88,15 +92,20 @@ class ModelDrafter:
             self.session.prefill(self._input(prompt[:-1]), self.cache)
             self.model_passes += -(-(prompt.shape[0] - 1) // self.session.max_chunk)
 
-    def _next(self, logits: np.ndarray) -> tuple[int, np.ndarray | None]:
+    def _next(self, logits: np.ndarray) -> tuple[int, np.ndarray | None, float]:
+        """(token, its distribution over the target vocab or None if greedy, top probability)."""
         row = logits[: self.shared_vocab]
         if self._sampling.greedy:
-            return int(np.argmax(row)), None
+            token = int(np.argmax(row))
+            top = 1.0
+            if self.min_confidence > 0.0:
+                top = float(1.0 / np.sum(np.exp(row - row[token])))  # softmax at the argmax
+            return token, None, top
         probs = warp(row, self._sampling)  # [shared_vocab]
         token = sample(probs, self._rng)
         full = np.zeros(self.target_vocab, dtype=np.float64)  # [target_vocab]
         full[: self.shared_vocab] = probs
-        return token, full
+        return token, full, float(probs.max())
 
     def propose(self, context: np.ndarray, k: int) -> Proposal:
         self._context_len = int(context.shape[0])
@@ -110,7 +119,9 @@ class ModelDrafter:
         tokens: list[int] = []
         rows: list[np.ndarray] = []
         for i in range(k):
-            token, probs = self._next(logits)
+            token, probs, top = self._next(logits)
+            if i > 0 and top < self.min_confidence:
+                break  # the draft is unsure: verify what we have
             tokens.append(token)
             if probs is not None:
                 rows.append(probs)
@@ -125,3 +136,49 @@ class ModelDrafter:
     def commit(self, num_accepted: int) -> None:
         kept = self._context_len + min(num_accepted, self._fed_from_proposal)
         self.cache.truncate(min(kept, self.cache.length))
+
+
+class NgramDrafter:
+    """Prompt lookup (Saxena 2023): propose what followed the latest earlier occurrence of the
+    context's last n tokens, for n from max_ngram down to min_ngram. No model, no state.
+
+    The search is one vectorized comparison per n over the context (numpy sliding windows), so
+    it costs microseconds even for thousands of tokens. Proposals stop after an EOS token.
+    """
+
+    def __init__(
+        self, max_ngram: int = 3, min_ngram: int = 1, eos_token_ids: tuple[int, ...] = ()
+    ) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.name = "ngram"
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.eos = np.asarray(eos_token_ids, dtype=np.int64)
+        self.model_passes = 0
+
+    def start(self, prompt: np.ndarray, sampling: SamplingParams, rng: np.random.Generator) -> None:
+        """Nothing to prepare: the lookup reads the context it is given."""
+
+    def propose(self, context: np.ndarray, k: int) -> Proposal:
+        length = int(context.shape[0])
+        if k <= 0 or length < 2:
+            return Proposal(EMPTY, None)
+        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
+            pattern = context[length - n :]  # [n]
+            # windows over context[:-1] so that every match is followed by at least one token
+            windows = np.lib.stride_tricks.sliding_window_view(context[: length - 1], n)
+            hits = np.flatnonzero(np.all(windows == pattern, axis=1))  # starts of matches
+            if hits.size == 0:
+                continue
+            start = int(hits[-1]) + n  # the latest occurrence: closest to the current topic
+            tokens = context[start : start + k]
+            if self.eos.size:
+                stops = np.flatnonzero(np.isin(tokens, self.eos))
+                if stops.size:
+                    tokens = tokens[: int(stops[0]) + 1]
+            return Proposal(tokens.astype(np.int64, copy=True), None)
+        return Proposal(EMPTY, None)
+
+    def commit(self, num_accepted: int) -> None:
+        """Stateless: the next lookup reads the updated context."""

@@ -27,6 +27,9 @@ class StepResult:
     tokens: np.ndarray  # [n_accepted + 1] the committed tokens of this step
     proposed: int
     accepted: int
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    draft_passes: int = 0
 
 
 def speculative_step(
@@ -41,6 +44,7 @@ def speculative_step(
 ) -> StepResult:
     """One round: the drafter proposes up to k tokens, the target verifies them in one pass."""
     t0 = time.perf_counter()
+    passes_before = drafter.model_passes if drafter is not None else 0
     proposal = drafter.propose(context, k) if drafter is not None and k > 0 else None
     draft_tokens = proposal.tokens if proposal is not None else np.zeros(0, np.int64)  # [n]
     t1 = time.perf_counter()
@@ -61,7 +65,10 @@ def speculative_step(
     stats.verify_s += t2 - t1
     stats.record_step(int(draft_tokens.shape[0]), n_accepted, k)
     tokens = np.append(draft_tokens[:n_accepted], np.int64(next_token))
-    return StepResult(tokens, int(draft_tokens.shape[0]), n_accepted)
+    draft_passes = drafter.model_passes - passes_before if drafter is not None else 0
+    return StepResult(
+        tokens, int(draft_tokens.shape[0]), n_accepted, t1 - t0, t2 - t1, draft_passes
+    )
 
 
 class KPolicy:
@@ -73,7 +80,7 @@ class KPolicy:
     def next_k(self) -> int:
         return self.k
 
-    def observe(self, proposed: int, accepted: int) -> None:
+    def observe(self, step: StepResult) -> None:
         """Told after every step how the proposal fared (adaptive policies learn from it)."""
 
 
@@ -125,7 +132,7 @@ def decode_loop(
             step = speculative_step(
                 target, cache, drafter, context_buf[:n_context], k, sampling, rng, stats
             )
-            policy.observe(step.proposed, step.accepted)
+            policy.observe(step)
             tokens = step.tokens[:remaining]
             hits = [i for i, t in enumerate(tokens.tolist()) if t in eos]
             if hits:

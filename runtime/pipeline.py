@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from specx.runtime.adaptive import AdaptiveK
 from specx.runtime.contract import TOKENIZER_FILE, Manifest, ModelSpec
-from specx.runtime.drafters import Drafter, ModelDrafter
+from specx.runtime.drafters import Drafter, ModelDrafter, NgramDrafter
 from specx.runtime.errors import ArtifactError, InputError
 from specx.runtime.generate import KPolicy, decode_loop
 from specx.runtime.kv_cache import KVCache
@@ -129,11 +130,14 @@ class Pipeline:
     # -- drafters -------------------------------------------------------------------------
     @property
     def drafter_names(self) -> list[str]:
-        return [d.name for d in self.manifest.drafts] + ["none"]
+        """Model drafts of the artifact, then n-gram lookup (always there), then none."""
+        return [d.name for d in self.manifest.drafts] + ["ngram", "none"]
 
     @property
     def default_drafter(self) -> str:
-        return self.drafter_names[0]
+        if self.manifest.default_drafter:
+            return self.manifest.default_drafter
+        return self.manifest.drafts[0].name if self.manifest.drafts else "none"
 
     def _draft_session(self, spec: ModelSpec) -> ModelSession:
         if spec.graph == self.manifest.target.graph:
@@ -146,7 +150,10 @@ class Pipeline:
         target = self.target.fork()
         cache = target.new_cache(self.manifest.max_length)
         drafter: Drafter | None = None
-        if drafter_name != "none":
+        eos = self.manifest.special_tokens.eos_token_ids
+        if drafter_name == "ngram":
+            drafter = NgramDrafter(eos_token_ids=eos)
+        elif drafter_name != "none":
             spec = self.manifest.find_draft(drafter_name)
             session = self._draft_session(spec).fork()
             drafter = ModelDrafter(
@@ -195,31 +202,48 @@ class Pipeline:
             raise InputError(f"prompt token ids must lie in [0, {vocab})")
         return ids
 
-    def _resolve(self, k: int | None, drafter: str | None) -> tuple[int, str]:
+    def _resolve(
+        self, k: int | str | None, drafter: str | None, max_k: int
+    ) -> tuple[KPolicy, int, str]:
+        """(K policy, K to report, drafter name) from the user's choices."""
         name = drafter or self.default_drafter
         if name not in self.drafter_names:
             raise InputError(
                 f"unknown drafter {name!r}", f"choose one of: {', '.join(self.drafter_names)}"
             )
-        k = DEFAULT_K if k is None else k
+        if not 1 <= max_k <= MAX_K:
+            raise InputError(f"max K must be in 1..{MAX_K}, got {max_k}")
+        if k is None:
+            k = 0 if name == "none" else DEFAULT_K
+        if k == "auto":
+            if name == "none":
+                raise InputError("-k auto needs a drafter", "pass --draft NAME (or ngram)")
+            return AdaptiveK(max_k=max_k), max_k, name
+        if isinstance(k, str):
+            try:
+                k = int(k)
+            except ValueError as e:
+                raise InputError(f"K must be a number or 'auto', got {k!r}") from e
         if not 0 <= k <= MAX_K:
             raise InputError(f"K must be in 0..{MAX_K}, got {k}", "e.g. -k 4, or -k 0 for none")
         if k == 0:
             name = "none"
         elif name == "none":
             raise InputError(
-                f"K={k} needs a drafter, and this artifact has none",
-                "use -k 0 (target alone), or export with --draft",
+                f"K={k} needs a drafter, and this artifact has no draft model",
+                "use -k 0 (target alone), --draft ngram, or export with --draft",
             )
-        return k, name
+        return KPolicy(k), k, name
 
     def stream(
         self,
         prompt: str | Sequence[int] | np.ndarray,
         *,
         max_new_tokens: int = 128,
-        k: int | None = None,
+        k: int | str | None = None,
         drafter: str | None = None,
+        max_k: int = 8,
+        draft_p_min: float = 0.0,
         sampling: SamplingParams | None = None,
         chat: bool = False,
         system: str | None = None,
@@ -231,12 +255,16 @@ class Pipeline:
     ) -> Generation:
         """Start a generation; iterate the returned object for text as it is accepted.
 
+        k: draft tokens per step, 0 for the target alone, or "auto" (chosen per step, up to
+        max_k). draft_p_min: a model draft stops proposing when its top probability falls below.
         Sampling is set either with `sampling=SamplingParams(...)` or with the keyword shortcuts
         (temperature, top_k, top_p, min_p, seed); temperature 0 (the default) is greedy.
         """
         if max_new_tokens < 1:
             raise InputError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
-        k, drafter_name = self._resolve(k, drafter)
+        if not 0.0 <= draft_p_min < 1.0:
+            raise InputError(f"draft-p-min must be in [0, 1), got {draft_p_min}")
+        policy, k_shown, drafter_name = self._resolve(k, drafter, max_k)
         shortcuts = {"temperature": temperature, "top_k": top_k, "top_p": top_p,
                      "min_p": min_p, "seed": seed}  # fmt: skip
         given = {name: v for name, v in shortcuts.items() if v is not None}
@@ -244,10 +272,12 @@ class Pipeline:
             raise InputError("pass either sampling=SamplingParams(...) or the keyword shortcuts")
         sampling = sampling or SamplingParams(**given)  # type: ignore[arg-type]
         prompt_ids = self.encode_prompt(prompt, chat, system)
-        stats = Stats(k=k, drafter=drafter_name)
+        stats = Stats(k=k_shown, drafter=drafter_name, adaptive=isinstance(policy, AdaptiveK))
         result = GenerationResult("", [], prompt_ids.tolist(), stats, finished=False)
         return Generation(
-            self._run(prompt_ids, max_new_tokens, KPolicy(k), drafter_name, sampling, result),
+            self._run(
+                prompt_ids, max_new_tokens, policy, drafter_name, draft_p_min, sampling, result
+            ),
             result,
         )
 
@@ -257,10 +287,13 @@ class Pipeline:
         max_new_tokens: int,
         policy: KPolicy,
         drafter_name: str,
+        draft_p_min: float,
         sampling: SamplingParams,
         result: GenerationResult,
     ) -> Iterator[str]:
         workspace = self._acquire(drafter_name)
+        if isinstance(workspace.drafter, ModelDrafter):
+            workspace.drafter.min_confidence = draft_p_min
         decoder = self.codec.stream_decoder()
         try:
             for tokens in decode_loop(

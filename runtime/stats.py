@@ -10,8 +10,9 @@ from typing import Any
 class Stats:
     prompt_tokens: int = 0
     new_tokens: int = 0
-    k: int = 0  # the K asked for (0: target alone); the K used may shrink near the limits
+    k: int = 0  # the K asked for (0: target alone; max K if adaptive); may shrink near limits
     drafter: str = "none"
+    adaptive: bool = False  # K chosen per step (-k auto)
     target_passes: int = 0  # target passes after prefill (each verifies up to K + 1 tokens)
     draft_passes: int = 0  # draft model passes (0 for a lookup drafter)
     proposed: int = 0  # draft tokens sent to verification
@@ -67,6 +68,10 @@ class Stats:
         return max(0.0, self.decode_s - self.draft_s - self.verify_s)
 
     @property
+    def mean_k(self) -> float:
+        return sum(self.k_used) / len(self.k_used) if self.k_used else 0.0
+
+    @property
     def acceptance_per_position(self) -> list[float]:
         return [
             a / p if p else 0.0
@@ -84,7 +89,7 @@ class Stats:
             total_s=self.total_s,
             overhead_s=self.overhead_s,
             acceptance_per_position=self.acceptance_per_position,
-            mean_k=sum(self.k_used) / len(self.k_used) if self.k_used else 0.0,
+            mean_k=self.mean_k,
         )
         return data
 
@@ -94,8 +99,9 @@ class Stats:
             f" | target passes {self.target_passes}"
         )
         if self.k:
+            k_text = f"K=auto (mean {self.mean_k:.1f})" if self.adaptive else f"K={self.k}"
             line += (
-                f" | drafter {self.drafter}, K={self.k}"
+                f" | drafter {self.drafter}, {k_text}"
                 f" | acceptance {100 * self.acceptance_rate:.1f}%"
                 f" | {self.tokens_per_pass:.2f} tokens/pass"
             )
