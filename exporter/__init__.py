@@ -85,9 +85,14 @@ def _named_drafts(drafts: Sequence[str], target: str) -> list[tuple[str, str]]:
         name, sep, source = item.partition("=")
         if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name) or Path(item).exists():
             source = item
-            name = (
-                "self" if _same_source(item, target) else ("draft" if i == 0 else f"draft{i + 1}")
-            )
+            if item in KEYWORD_DRAFTS and not Path(item).exists():
+                name = item
+            elif _same_source(item, target):
+                name = "self"
+            else:
+                name = "draft" if i == 0 else f"draft{i + 1}"
+        if source == "ngram" and name != "ngram":
+            raise ExportError("the n-gram drafter is always named 'ngram'", "use --draft ngram")
         if name in RESERVED_NAMES and source != "ngram":
             raise ExportError(f"draft name {name!r} is reserved", "choose another NAME=SOURCE")
         if name in (n for n, _ in named):
@@ -171,10 +176,10 @@ def _export_into(
     default_drafter: str | None = None
     for i, (name, draft) in enumerate(_named_drafts(drafts, target)):
         log(f"[{i + 2}/{steps}] draft {name!r}: {draft}")
+        if i == 0:
+            default_drafter = name  # listed first: the default drafter of `specx run`
         if draft == "ngram":
             log("  n-gram prompt lookup: no model, nothing to export")
-            if i == 0:
-                default_drafter = "ngram"  # listed first: the default drafter of `specx run`
             continue
         if draft in QUANTIZED_DRAFTS and not Path(draft).exists():
             spec = derive_quantized_draft(

@@ -47,7 +47,7 @@ CALIBRATION_TEXT = (
 @contextlib.contextmanager
 def _quiet_quantizer() -> Iterator[None]:
     """The ORT quantizers log every node at INFO on the root logger; silence that."""
-    logging.disable(logging.INFO)
+    logging.disable(logging.WARNING)
     try:
         yield
     finally:

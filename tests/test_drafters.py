@@ -1,0 +1,166 @@
+"""Drafters behind the one interface: n-gram lookup, quantized drafts, adaptive K."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import TinyPair, needs_exporter
+
+from specx.runtime import Pipeline
+from specx.runtime.adaptive import AdaptiveK
+from specx.runtime.contract import Manifest
+from specx.runtime.drafters import NgramDrafter
+from specx.runtime.generate import StepResult
+
+
+def ids(*tokens: int) -> np.ndarray:
+    return np.asarray(tokens, dtype=np.int64)
+
+
+def test_ngram_proposes_what_followed_the_last_occurrence_of_the_suffix() -> None:
+    drafter = NgramDrafter(max_ngram=3)
+    context = ids(5, 6, 7, 8, 9, 1, 2, 6, 7)
+    assert drafter.propose(context, 3).tokens.tolist() == [8, 9, 1]
+
+
+def test_ngram_prefers_the_longest_match_then_the_latest_occurrence() -> None:
+    drafter = NgramDrafter(max_ngram=3)
+    # "7" alone last occurred before 30; "6 7" occurred before 8: the longer match wins
+    context = ids(6, 7, 8, 0, 7, 30, 0, 6, 7)
+    assert drafter.propose(context, 2).tokens.tolist() == [8, 0]
+    # two occurrences of "3 4": the latest one is used
+    assert drafter.propose(ids(3, 4, 10, 3, 4, 11, 3, 4), 1).tokens.tolist() == [11]
+
+
+def test_ngram_without_a_match_proposes_nothing() -> None:
+    drafter = NgramDrafter(max_ngram=3)
+    assert drafter.propose(ids(1, 2, 3, 4, 5), 4).tokens.size == 0
+    assert drafter.propose(ids(9), 4).tokens.size == 0
+
+
+def test_ngram_match_at_the_end_of_the_context_proposes_only_what_exists() -> None:
+    drafter = NgramDrafter(max_ngram=2)
+    # suffix "4 4": its earlier occurrence starts one token before the end
+    assert drafter.propose(ids(1, 4, 4, 4), 5).tokens.tolist() == [4]
+
+
+def test_ngram_never_proposes_past_eos() -> None:
+    drafter = NgramDrafter(max_ngram=2, eos_token_ids=(1,))
+    context = ids(5, 6, 7, 1, 8, 9, 5, 6)
+    assert drafter.propose(context, 5).tokens.tolist() == [7, 1]
+
+
+def test_ngram_lookup_handles_long_contexts_quickly() -> None:
+    rng = np.random.default_rng(0)
+    context = rng.integers(0, 50, size=4000).astype(np.int64)
+    proposal = NgramDrafter(max_ngram=3).propose(context, 8)
+    assert proposal.tokens.size <= 8 and proposal.p_draft is None
+
+
+def step(proposed: int, accepted: int, draft_s: float = 0.01, verify_s: float = 0.03) -> StepResult:
+    return StepResult(ids(0), proposed, accepted, draft_s * proposed, verify_s, proposed)
+
+
+def test_adaptive_k_grows_on_an_all_accept_streak_and_stays_in_bounds() -> None:
+    policy = AdaptiveK(max_k=6, start_k=2)
+    ks = []
+    for _ in range(30):
+        k = policy.next_k()
+        ks.append(k)
+        policy.observe(step(k, k, draft_s=0.003, verify_s=0.03 + 0.001 * k))
+    assert all(0 <= k <= 6 for k in ks)
+    assert ks[-1] == 6 and policy.alpha > 0.9
+
+
+def test_adaptive_k_shrinks_on_an_all_reject_streak_and_probes_again() -> None:
+    policy = AdaptiveK(max_k=6, start_k=4, probe_every=5)
+    ks = []
+    for _ in range(40):
+        k = policy.next_k()
+        ks.append(k)
+        policy.observe(step(k, 0, draft_s=0.02, verify_s=0.03))
+    assert 0 in ks[5:] and max(ks[20:]) <= 1
+    assert 1 in ks[20:]  # a probe after a run of K = 0
+
+
+def test_adaptive_k_prefers_small_k_for_an_expensive_draft() -> None:
+    cheap, costly = AdaptiveK(max_k=8), AdaptiveK(max_k=8)
+    for _ in range(20):
+        for policy, draft_s in ((cheap, 0.001), (costly, 0.025)):
+            k = policy.next_k()
+            policy.observe(step(k, int(0.7 * k), draft_s=draft_s, verify_s=0.03))
+    assert costly.next_k() < cheap.next_k()
+
+
+@needs_exporter
+@pytest.mark.parametrize("k", [2, 5, "auto"])
+def test_greedy_equality_holds_with_the_ngram_drafter(llama_pair: TinyPair, k: Any) -> None:
+    pipe = Pipeline.load(llama_pair.artifact)
+    # a repetitive prompt so that lookups find matches
+    prompt = np.tile(np.array([10, 11, 12, 13, 14, 15], dtype=np.int64), 5)
+    want = pipe.generate(prompt, max_new_tokens=60, k=0).token_ids
+    result = pipe.generate(prompt, max_new_tokens=60, k=k, drafter="ngram")
+    assert result.token_ids == want
+    assert result.stats.proposed > 0
+
+
+@needs_exporter
+@pytest.mark.parametrize("drafter", ["mixed", "other", "self"])
+def test_greedy_equality_holds_with_adaptive_k(llama_pair: TinyPair, drafter: str) -> None:
+    pipe = Pipeline.load(llama_pair.artifact)
+    prompt = np.array([20, 30, 40, 50, 60], dtype=np.int64)
+    want = pipe.generate(prompt, max_new_tokens=70, k=0).token_ids
+    result = pipe.generate(prompt, max_new_tokens=70, k="auto", max_k=6, drafter=drafter)
+    assert result.token_ids == want
+    assert result.stats.adaptive and all(0 <= k <= 6 for k in result.stats.k_used)
+
+
+@needs_exporter
+def test_draft_confidence_threshold_shortens_proposals_and_keeps_output(
+    llama_pair: TinyPair,
+) -> None:
+    pipe = Pipeline.load(llama_pair.artifact)
+    prompt = np.array([20, 30, 40, 50, 60], dtype=np.int64)
+    plain = pipe.generate(prompt, max_new_tokens=50, k=6, drafter="other")
+    gated = pipe.generate(prompt, max_new_tokens=50, k=6, drafter="other", draft_p_min=0.9)
+    assert gated.token_ids == plain.token_ids
+    assert gated.stats.proposed < plain.stats.proposed
+
+
+@pytest.fixture(scope="session")
+def quantized_pair(tmp_path_factory: Any, llama_pair: TinyPair) -> Path:
+    from specx.exporter import ExportOptions, export_pair
+
+    out = tmp_path_factory.mktemp("quantized") / "artifact"
+    export_pair(
+        str(llama_pair.sources["target"]),
+        ["int8", "int4", "ngram"],
+        out,
+        ExportOptions(max_length=128),
+        log=lambda _m: None,
+    )
+    return out
+
+
+@needs_exporter
+def test_quantized_drafts_are_exported_checked_and_keep_greedy_equality(
+    quantized_pair: Path, llama_pair: TinyPair
+) -> None:
+    manifest = Manifest.read(quantized_pair)
+    assert [d.name for d in manifest.drafts] == ["int8", "int4"]
+    assert manifest.default_drafter == "int8"
+    target_bytes = manifest.target.weight_bytes
+    for spec in manifest.drafts:
+        assert spec.parity["kind"] == "quantized"
+        assert 0.2 <= spec.parity["argmax_agreement"] <= 1.0
+        assert spec.weight_bytes < target_bytes
+    pipe = Pipeline.load(quantized_pair)
+    prompt = np.array([20, 30, 40, 50, 60], dtype=np.int64)
+    want = pipe.generate(prompt, max_new_tokens=40, k=0).token_ids
+    for name in ("int8", "int4", "ngram"):
+        result = pipe.generate(prompt, max_new_tokens=40, k=3, drafter=name)
+        assert result.token_ids == want, name
+    assert pipe.generate(prompt, max_new_tokens=40, k=3, drafter="int8").stats.accepted > 0
