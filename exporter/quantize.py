@@ -113,9 +113,12 @@ def _quantize(model: Any, kind: str, folder: Path, head: str | None) -> Any:
     onnx.save_model(model, str(src))
     try:
         quantize_dynamic(
-            str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
+            str(src),
+            str(dst),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
             op_types_to_quantize=["MatMul"],
-        )  # fmt: skip
+        )
         return onnx.load(str(dst))
     finally:
         src.unlink(missing_ok=True)
@@ -158,9 +161,15 @@ def derive_quantized_draft(
     onnx.save_model(model, str(folder / graph_name))
     params, nbytes = weight_stats(model)
     spec = dataclasses.replace(
-        target, role="draft", name=name, graph=graph_name, variant=kind,
-        num_parameters=params, weight_bytes=nbytes, parity={},
-    )  # fmt: skip
+        target,
+        role="draft",
+        name=name,
+        graph=graph_name,
+        variant=kind,
+        num_parameters=params,
+        weight_bytes=nbytes,
+        parity={},
+    )
     quality: dict[str, Any] = dict(argmax_agreement(folder, target, spec, tokens[:256]))
     quality.update(kind="quantized", tokens=int(min(len(tokens), 256)))
     log(

@@ -265,8 +265,13 @@ class Pipeline:
         if not 0.0 <= draft_p_min < 1.0:
             raise InputError(f"draft-p-min must be in [0, 1), got {draft_p_min}")
         policy, k_shown, drafter_name = self._resolve(k, drafter, max_k)
-        shortcuts = {"temperature": temperature, "top_k": top_k, "top_p": top_p,
-                     "min_p": min_p, "seed": seed}  # fmt: skip
+        shortcuts = {
+            "temperature": temperature,
+            "top_k": top_k,
+            "top_p": top_p,
+            "min_p": min_p,
+            "seed": seed,
+        }
         given = {name: v for name, v in shortcuts.items() if v is not None}
         if sampling is not None and given:
             raise InputError("pass either sampling=SamplingParams(...) or the keyword shortcuts")

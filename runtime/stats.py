@@ -17,6 +17,7 @@ class Stats:
     draft_passes: int = 0  # draft model passes (0 for a lookup drafter)
     proposed: int = 0  # draft tokens sent to verification
     accepted: int = 0  # draft tokens the target accepted
+    rejections: int = 0  # steps whose proposal was cut short by a rejected token
     proposed_per_position: list[int] = field(default_factory=list)  # index i: draft token i + 1
     accepted_per_position: list[int] = field(default_factory=list)
     k_used: list[int] = field(default_factory=list)  # K of every step (adaptive K varies it)
@@ -30,6 +31,7 @@ class Stats:
         self.target_passes += 1
         self.proposed += proposed
         self.accepted += accepted
+        self.rejections += int(accepted < proposed)
         self.k_used.append(k)
         while len(self.proposed_per_position) < proposed:
             self.proposed_per_position.append(0)
@@ -43,6 +45,13 @@ class Stats:
     def acceptance_rate(self) -> float:
         """Accepted draft tokens / proposed draft tokens."""
         return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def alpha(self) -> float:
+        """Per-token acceptance probability (Leviathan et al.'s alpha), maximum likelihood under
+        their i.i.d. model: accepted / (accepted + rejections)."""
+        trials = self.accepted + self.rejections
+        return self.accepted / trials if trials else 0.0
 
     @property
     def tokens_per_pass(self) -> float:
@@ -83,6 +92,7 @@ class Stats:
         data.pop("k_used")
         data.update(
             acceptance_rate=self.acceptance_rate,
+            alpha=self.alpha,
             tokens_per_pass=self.tokens_per_pass,
             tokens_per_s=self.tokens_per_s,
             decode_tokens_per_s=self.decode_tokens_per_s,

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import TinyPair, needs_exporter
 
+from conftest import TinyPair, needs_exporter
 from specx.runtime import Pipeline
 from specx.runtime.adaptive import AdaptiveK
 from specx.runtime.contract import Manifest

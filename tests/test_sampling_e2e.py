@@ -85,8 +85,10 @@ def test_the_draft_is_neither_always_right_nor_always_wrong(small_vocab_pair: Ti
 
 def test_the_same_seed_gives_the_same_tokens(small_vocab_pair: TinyPair) -> None:
     pipe = Pipeline.load(small_vocab_pair.artifact)
-    runs = [pipe.generate(PROMPT, max_new_tokens=30, k=3, temperature=1.0, seed=s).token_ids
-            for s in (7, 7, 8)]  # fmt: skip
+    runs = [
+        pipe.generate(PROMPT, max_new_tokens=30, k=3, temperature=1.0, seed=s).token_ids
+        for s in (7, 7, 8)
+    ]
     assert runs[0] == runs[1] != runs[2]
 
 

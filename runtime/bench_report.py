@@ -1,0 +1,166 @@
+"""Turn `specx bench` results into a terminal table and a PNG plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _f(value: Any, fmt: str = ".2f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def best_config(per_config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    name = max(
+        (n for n in per_config if n != "target"),
+        key=lambda n: per_config[n]["decode_tokens_per_s"],
+        default="target",
+    )
+    return name, per_config[name]
+
+
+def format_report(results: dict[str, Any]) -> str:
+    lines: list[str] = []
+    m, costs = results["machine"], results["costs"]
+    lines.append(
+        f"machine: {m['cpu']}, {m['cores']} cores; onnxruntime "
+        f"{m['versions'].get('onnxruntime')}; {m['date']}"
+    )
+    lines.append(
+        f"memory bandwidth (copy, read+write) {costs['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; "
+        f"target weights {costs['target_weight_bytes'] / 1e6:.0f} MB -> decode floor "
+        f"{1e3 * costs['decode_floor_s']:.1f} ms; measured one-token step at 128 past "
+        f"{1e3 * costs['target_pass_s']['1']:.1f} ms = {costs['target_step_vs_floor']:.2f}x floor"
+    )
+    ratios = ", ".join(f"K={k}: {v:.2f}" for k, v in costs["verify_ratio"].items() if k != "0")
+    lines.append(f"verify cost ratio (pass over K+1 tokens / 1 token): {ratios}")
+    if costs["c"]:
+        lines.append(
+            "draft cost ratio c (draft pass / target pass): "
+            + ", ".join(f"{d}: {c:.2f}" for d, c in costs["c"].items())
+        )
+    sweep = ", ".join(
+        f"{ctx}: {1e3 * t:.1f} ms" for ctx, t in costs["decode_step_by_context_s"].items()
+    )
+    lines.append(f"decode step by context length: {sweep}")
+    header = (
+        f"{'config':<14}{'tok/s':>7}{'[min-max]':>14}{'speedup':>9}{'accept':>8}{'alpha':>7}"
+        f"{'tok/pass':>9}{'pred':>7}{'meas/pred':>10}{'draft%':>8}{'verify%':>8}{'other%':>7}"
+    )
+    for workload, per_config in results["greedy"].items():
+        lines.append("")
+        lines.append(
+            f"== {workload} (greedy, median over repeats; speedup = decode tok/s vs "
+            "target alone, same repeat)"
+        )
+        lines.append(header)
+        for name, r in per_config.items():
+            spread = f"[{r['tokens_per_s_min']:.1f}-{r['tokens_per_s_max']:.1f}]"
+            lines.append(
+                f"{name:<14}{r['tokens_per_s']:>7.1f}{spread:>14}{_f(r['speedup']):>9}"
+                f"{100 * r['acceptance_rate']:>7.0f}%{r['alpha']:>7.2f}{r['tokens_per_pass']:>9.2f}"
+                f"{_f(r.get('predicted_speedup')):>7}{_f(r.get('measured_over_predicted')):>10}"
+                f"{100 * r['draft_share']:>7.1f}%{100 * r['verify_share']:>7.1f}%"
+                f"{100 * r['overhead_share']:>6.1f}%"
+            )
+        name, best = best_config(per_config)
+        lines.append(
+            f"best: {name} at {best['decode_tokens_per_s']:.1f} decode tok/s, speedup "
+            f"{_f(best['speedup'])}"
+        )
+    if "sampling" in results:
+        lines.append("")
+        lines.append("== sampling (chat prompts)")
+        for temperature, per_config in results["sampling"].items():
+            for name, r in per_config.items():
+                lines.append(
+                    f"T={temperature:<5}{name:<14}{r['tokens_per_s']:>7.1f} tok/s  speedup "
+                    f"{_f(r['speedup'])}  acceptance {100 * r['acceptance_rate']:.0f}%"
+                )
+    lines.append("")
+    lines.append("== peers (same prompts, same number of new tokens)")
+    lines.extend(_peer_lines(results))
+    return "\n".join(lines)
+
+
+def specx_overall(results: dict[str, Any], config: str) -> float | None:
+    """Tokens/s of a configuration pooled over every workload (median over repeats)."""
+    records = [r for r in results.get("greedy_records", []) if r["config"] == config]
+    if not records:
+        return None
+    by_rep: dict[int, list[dict[str, Any]]] = {}
+    for r in records:
+        by_rep.setdefault(r["repeat"], []).append(r)
+    rates = sorted(
+        sum(r["tokens"] for r in rs) / sum(r["total_s"] for r in rs) for rs in by_rep.values()
+    )
+    return rates[len(rates) // 2]
+
+
+def _peer_lines(results: dict[str, Any]) -> list[str]:
+    lines = []
+    target = specx_overall(results, "target")
+    configs = {r["config"] for r in results.get("greedy_records", [])} - {"target"}
+    best_name = max(configs, key=lambda c: specx_overall(results, c) or 0.0, default=None)
+    best = specx_overall(results, best_name) if best_name else None
+    lines.append(
+        f"specx target alone {_f(target, '.1f')} tok/s; specx best ({best_name}) "
+        f"{_f(best, '.1f')} tok/s (all workloads pooled)"
+    )
+    for peer, data in results.get("peers", {}).items():
+        if "skipped" in data:
+            lines.append(f"{peer}: skipped ({data['skipped']})")
+            continue
+        for variant, r in data.items():
+            if not isinstance(r, dict) or "tokens_per_s" not in r:
+                continue
+            ref = target if variant in ("generate", "target") else best
+            ratio = f"specx/{peer} = {ref / r['tokens_per_s']:.2f}" if ref else ""
+            lines.append(f"{peer} {variant:<18}{r['tokens_per_s']:>7.1f} tok/s   {ratio}")
+    return lines
+
+
+def plot(results: dict[str, Any], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    workloads = list(results["greedy"])
+    fig, axes = plt.subplots(len(workloads), 2, figsize=(11, 3.2 * len(workloads)), squeeze=False)
+    for row, workload in enumerate(workloads):
+        per_config = results["greedy"][workload]
+        drafters = sorted({n.partition(" K=")[0] for n in per_config if " K=" in n})
+        for drafter in drafters:
+            points = sorted(
+                (int(n.partition(" K=")[2]), r)
+                for n, r in per_config.items()
+                if n.startswith(drafter + " K=") and n.partition(" K=")[2].isdigit()
+            )
+            ks = [k for k, _ in points]
+            axes[row][0].plot(ks, [r["speedup"] for _, r in points], marker="o", label=drafter)
+            axes[row][1].plot(
+                ks, [r["acceptance_rate"] for _, r in points], marker="o", label=drafter
+            )
+            auto = per_config.get(f"{drafter} K=auto")
+            if auto and auto["speedup"]:
+                axes[row][0].axhline(
+                    auto["speedup"],
+                    linestyle=":",
+                    linewidth=1,
+                    color=axes[row][0].lines[-1].get_color(),
+                )
+        axes[row][0].axhline(1.0, color="grey", linewidth=1)
+        axes[row][0].set_title(f"{workload}: speedup vs target alone (dotted: K=auto)")
+        axes[row][1].set_title(f"{workload}: acceptance rate")
+        for ax in axes[row]:
+            ax.set_xlabel("K")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle(f"specx bench - {results['machine']['cpu']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
