@@ -25,51 +25,83 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
 }
 
 
-def attention_bias(position_ids: torch.Tensor, total_len: Any, dtype: Any) -> Any:
-    """Additive mask [batch, 1, seq, past_len + seq]: key j is visible to a query at position p
-    iff j <= p (past keys sit at positions 0..past_len-1, new keys follow)."""
+class _StaticReshape(torch.autograd.Function):
+    """Reshape to a constant ONNX shape, where 0 copies the input dim and -1 is inferred.
+
+    torch's tracer turns every `view(batch, seq, ...)` into a Shape/Gather/Unsqueeze/Concat chain
+    feeding the Reshape (about a thousand nodes for a 30-layer model, a third of a decode step's
+    time on a CPU). With 0 for the dynamic dims the shape is one constant.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, *shape: int) -> torch.Tensor:
+        resolved = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
+        return x.reshape(resolved)
+
+    @staticmethod
+    def symbolic(g: Any, x: Any, *shape: int) -> Any:
+        const = g.op("Constant", value_t=torch.tensor(list(shape), dtype=torch.int64))
+        return g.op("Reshape", x, const)
+
+
+def reshape(x: torch.Tensor, *shape: int) -> torch.Tensor:
+    return _StaticReshape.apply(x, *shape)  # type: ignore[no-any-return]
+
+
+def attention_bias(
+    position_ids: torch.Tensor, total_len: Any, dtype: Any, groups: int
+) -> torch.Tensor:
+    """Additive mask [batch, 1, groups * seq, past_len + seq]: key j is visible to a query at
+    position p iff j <= p (past keys sit at positions 0..past_len-1, new keys follow). Tiled
+    `groups` times along the query axis to match `grouped_attention`'s folded layout."""
     key_positions = torch.arange(total_len, device=position_ids.device)  # [total]
     visible = key_positions[None, None, :] <= position_ids[:, :, None]  # [batch, seq, total]
     blocked = torch.full((), torch.finfo(dtype).min, dtype=dtype)
     zero = torch.zeros((), dtype=dtype)
-    return torch.where(visible, zero, blocked)[:, None, :, :]
+    bias = torch.where(visible, zero, blocked)[:, None, :, :]  # [batch, 1, seq, total]
+    return bias.repeat(1, 1, groups, 1) if groups > 1 else bias
 
 
 def grouped_attention(
     query: torch.Tensor,  # [batch, heads, seq, head_dim]
     keys: torch.Tensor,  # [batch, total, kv_heads, head_dim]
     values: torch.Tensor,  # [batch, total, kv_heads, head_dim]
-    bias: torch.Tensor,  # [batch, 1, seq, total]
+    bias: torch.Tensor,  # [batch, 1, groups * seq, total]
     scale: float,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
 ) -> torch.Tensor:
     """Attention where `heads / kv_heads` query heads share each key/value head (GQA).
 
     The query heads of a group are folded into the sequence axis instead of repeating keys and
     values, so no copy of the cache is made. Returns [batch, seq, heads * head_dim].
     """
-    batch, heads, seq, head_dim = query.shape
-    kv_heads = keys.shape[2]
-    groups = heads // kv_heads
     k = keys.permute(0, 2, 3, 1)  # [batch, kv_heads, head_dim, total]
     v = values.transpose(1, 2)  # [batch, kv_heads, total, head_dim]
-    q = query.reshape(batch, kv_heads, groups * seq, head_dim)
+    q = reshape(query, 0, kv_heads, -1, head_dim)  # [batch, kv_heads, groups * seq, head_dim]
     scores = torch.matmul(q, k).float() * scale  # [batch, kv_heads, groups * seq, total]
-    scores = scores.reshape(batch, kv_heads, groups, seq, -1) + bias[:, :, None].float()
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    probs = probs.reshape(batch, kv_heads, groups * seq, -1)
+    probs = torch.softmax(scores + bias.float(), dim=-1).to(v.dtype)
     out = torch.matmul(probs, v)  # [batch, kv_heads, groups * seq, head_dim]
-    out = out.reshape(batch, heads, seq, head_dim).transpose(1, 2)
-    return out.reshape(batch, seq, heads * head_dim)
+    out = reshape(out, 0, heads, -1, head_dim).transpose(1, 2)  # [batch, seq, heads, head_dim]
+    return reshape(out, 0, -1, heads * head_dim)
 
 
 def lm_head_logits(hidden: torch.Tensor, head: nn.Module) -> torch.Tensor:
     """Logits in float32. The head runs on a 2-D view so it exports as Gemm(transB=1) on the
     weight as stored; a tied embedding is then kept once instead of adding a transposed copy."""
-    batch, seq, width = hidden.shape
+    batch, seq = hidden.shape[0], hidden.shape[1]
     weight: torch.Tensor = head.weight  # type: ignore[assignment]  # [vocab, hidden]
     bias = getattr(head, "bias", None)
-    logits = F.linear(hidden.reshape(batch * seq, width), weight, bias)
+    logits = F.linear(
+        reshape(hidden, -1, int(weight.shape[1])), weight, bias
+    )  # [batch * seq, vocab]
     return logits.reshape(batch, seq, int(weight.shape[0])).float()
+
+
+def _conv1d(x: torch.Tensor, conv: Any) -> torch.Tensor:
+    """GPT-2's Conv1D (x @ W + b) without its flatten/unflatten views (shape ops in ONNX)."""
+    return torch.matmul(x, conv.weight) + conv.bias
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -92,25 +124,28 @@ class LlamaFamilyGraph(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, *past: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
-        batch, seq = input_ids.shape
+        seq = input_ids.shape[1]
         hidden = self.model.embed_tokens(input_ids)  # [batch, seq, hidden]
         cos, sin = self.model.rotary_emb(hidden, position_ids)  # [batch, seq, head_dim]
-        cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
+        cos_k, sin_k = cos[:, :, None], sin[:, :, None]  # for [batch, seq, heads, head_dim]
+        cos, sin = cos[:, None], sin[:, None]  # for [batch, heads, seq, head_dim]
         total = past[0].shape[1] + seq
-        bias = attention_bias(position_ids, total, hidden.dtype)
+        groups = self.num_heads // self.kv_heads
+        bias = attention_bias(position_ids, total, hidden.dtype, groups)
+        heads, kv, dim = self.num_heads, self.kv_heads, self.head_dim
         new_kv: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(hidden)
-            q = attn.q_proj(x).view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(batch, seq, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(batch, seq, self.kv_heads, self.head_dim)
-            q = q * cos + _rotate_half(q) * sin  # [batch, heads, seq, head_dim]
-            k = (k * cos + _rotate_half(k) * sin).transpose(1, 2)  # [batch, seq, kv, head_dim]
+            q = reshape(attn.q_proj(x), 0, -1, heads, dim).transpose(1, 2)  # [b, heads, s, d]
+            k = reshape(attn.k_proj(x), 0, -1, kv, dim)  # [batch, seq, kv_heads, head_dim]
+            v = reshape(attn.v_proj(x), 0, -1, kv, dim)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos_k + _rotate_half(k) * sin_k  # rotated in the cache layout
             new_kv += [k, v]
             keys = torch.cat([past[2 * i], k], dim=1)  # [batch, total, kv_heads, head_dim]
             values = torch.cat([past[2 * i + 1], v], dim=1)
-            out = grouped_attention(q, keys, values, bias, attn.scaling)
+            out = grouped_attention(q, keys, values, bias, attn.scaling, heads, kv, dim)
             hidden = hidden + attn.o_proj(out)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         hidden = self.model.norm(hidden)
@@ -133,20 +168,20 @@ class GPT2Graph(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, *past: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
-        batch, seq = input_ids.shape
+        seq = input_ids.shape[1]
         t = self.transformer
         hidden = t.wte(input_ids) + t.wpe(position_ids)  # [batch, seq, hidden]
         total = past[0].shape[1] + seq
-        bias = attention_bias(position_ids, total, hidden.dtype)
-        width = self.num_heads * self.head_dim
+        bias = attention_bias(position_ids, total, hidden.dtype, 1)
+        heads, dim = self.num_heads, self.head_dim
         new_kv: list[torch.Tensor] = []
         for i, block in enumerate(t.h):
             x = block.ln_1(hidden)
-            qkv = block.attn.c_attn(x)  # [batch, seq, 3 * width]
-            q, k, v = qkv.split(width, dim=2)
-            q = q.view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
-            k = k.view(batch, seq, self.num_heads, self.head_dim)
-            v = v.view(batch, seq, self.num_heads, self.head_dim)
+            qkv = _conv1d(x, block.attn.c_attn)  # [batch, seq, 3 * width]
+            q, k, v = qkv.split(heads * dim, dim=2)
+            q = reshape(q, 0, -1, heads, dim).transpose(1, 2)  # [batch, heads, seq, head_dim]
+            k = reshape(k, 0, -1, heads, dim)  # [batch, seq, heads, head_dim]
+            v = reshape(v, 0, -1, heads, dim)
             new_kv += [k, v]
             keys = torch.cat([past[2 * i], k], dim=1)
             values = torch.cat([past[2 * i + 1], v], dim=1)
@@ -155,9 +190,10 @@ class GPT2Graph(nn.Module):
                 scale /= float(self.head_dim) ** 0.5
             if self.scale_by_layer:
                 scale /= float(i + 1)
-            out = grouped_attention(q, keys, values, bias, scale)
-            hidden = hidden + block.attn.c_proj(out)
-            hidden = hidden + block.mlp(block.ln_2(hidden))
+            out = grouped_attention(q, keys, values, bias, scale, heads, heads, dim)
+            hidden = hidden + _conv1d(out, block.attn.c_proj)
+            mlp = block.mlp
+            hidden = hidden + _conv1d(mlp.act(_conv1d(block.ln_2(hidden), mlp.c_fc)), mlp.c_proj)
         hidden = t.ln_f(hidden)
         return (lm_head_logits(hidden, self.lm_head), *new_kv)
 

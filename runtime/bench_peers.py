@@ -36,7 +36,7 @@ def genai_peer(cfg: Any, prompts: list[np.ndarray], progress: Any) -> dict[str, 
     python, models, why = _find(cfg)
     if python is None or models is None:
         return {"skipped": why}
-    runner = resources.files("specx.runtime").joinpath("genai_runner.py")
+    runner = resources.files("specx.runtime").joinpath("data/genai_runner.py")
     out: dict[str, Any] = {"models": str(models)}
     with tempfile.TemporaryDirectory() as tmp:
         prompt_file = Path(tmp) / "prompts.json"

@@ -7,6 +7,7 @@ lazily, inside the command, so nothing else ever loads it.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -57,6 +58,15 @@ debug_option = click.option("--debug", is_flag=True, help="Show tracebacks on er
 @click.version_option(package_name="specx")
 def main() -> None:
     """specx: deployable speculative decoding (ONNX export + a lean ONNX Runtime engine)."""
+
+
+def _thread_pool(threads: int | None) -> None:
+    """The CLI's process is its own: one onnxruntime thread pool for target and draft
+    (SPECX_THREAD_POOL=session keeps a pool per session)."""
+    if os.environ.get("SPECX_THREAD_POOL", "global") == "global":
+        from specx.runtime.session import use_global_thread_pool
+
+        use_global_thread_pool(threads)
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
@@ -144,6 +154,7 @@ def run(
 
     text = _read_prompt(prompt, prompt_file)
     sampling = SamplingParams(temperature, top_k, top_p, min_p, seed)
+    _thread_pool(threads)
     pipeline = Pipeline.load(artifact, providers=providers or None, threads=threads)
     generation = pipeline.stream(
         text,
@@ -317,6 +328,7 @@ def bench(
         genai_models=genai_models,
         threads=threads,
     )
+    _thread_pool(threads)
     results = run_bench(config, stderr_progress)
     click.echo("", err=True)
     folder = out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")

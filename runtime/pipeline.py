@@ -90,6 +90,7 @@ class Pipeline:
         self.codec = codec
         self.providers = list(providers) if providers else None
         self.threads = threads
+        self._alternating = any(d.graph != manifest.target.graph for d in manifest.drafts)
         self.target = self._open_graph(manifest.target)
         self._drafts: dict[str, ModelSession] = {}
         self._pool: dict[str, list[_Workspace]] = {}
@@ -117,7 +118,13 @@ class Pipeline:
         return cls(path, manifest, codec, providers, threads)
 
     def _open_graph(self, spec: ModelSpec) -> ModelSession:
-        session = ModelSession(self.folder / spec.graph, spec, self.providers, self.threads)
+        session = ModelSession(
+            self.folder / spec.graph,
+            spec,
+            self.providers,
+            self.threads,
+            alternating=self._alternating,
+        )
         pair_id = session.metadata().get(PAIR_ID_KEY)
         if pair_id != self.manifest.pair_id:
             raise ArtifactError(

@@ -9,7 +9,6 @@ from the token ids and positions.
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,30 +33,46 @@ ORT_TYPES = {"tensor(int64)": "int64", "tensor(float)": "float32", "tensor(float
 # attention scratch, and costs nothing in speed at this size.
 DEFAULT_CHUNK = 128
 
-# One intra-op thread pool for every session of the process. A speculative loop alternates
-# between two sessions; with a pool each, the idle pool's spinning threads steal the cores from
-# the busy one (measured on 2 cores: target pass 26 ms alone, 46 ms beside a draft session).
-_global_pool_threads: int | None = None
+# Thread pools. A speculative loop alternates between two sessions; with a pool per session
+# (onnxruntime's default) the idle pool's spinning threads steal the cores from the busy one
+# (2 cores: a target pass took 46 ms beside a spinning draft session, 26 ms alone). Two remedies:
+#   global   one intra-op pool shared by every session of the process: the fastest. onnxruntime
+#            then requires every session of the process to opt in (use_per_session_threads =
+#            False), also those an embedding application creates itself, so the library makes it
+#            opt-in (use_global_thread_pool) and the specx CLI, whose process is its own, uses it.
+#   session  a pool per session (the library default), with spinning off for sessions that
+#            alternate with another one.
+_pool: dict[str, Any] = {"global": False, "threads": 0}
 
 
-def _configure_threads(options: ort.SessionOptions, threads: int | None) -> None:
-    global _global_pool_threads
-    wanted = threads or 0  # 0: onnxruntime picks (one thread per physical core)
-    if _global_pool_threads is None and os.environ.get("SPECX_PER_SESSION_THREADS") != "1":
-        try:
-            from onnxruntime.capi import _pybind_state
+def use_global_thread_pool(threads: int | None = None) -> bool:
+    """Share one intra-op thread pool among all onnxruntime sessions of this process.
 
-            _pybind_state.set_global_thread_pool_sizes(wanted, 1)
-            _global_pool_threads = wanted
-        except (ImportError, AttributeError, RuntimeError):
-            _global_pool_threads = -1  # not available: per-session pools
-    if _global_pool_threads == wanted:
-        options.use_per_session_threads = False
+    Call it before the process creates its first onnxruntime session; every session created
+    afterwards must set ``use_per_session_threads = False`` (ModelSession does). Returns False if
+    this onnxruntime cannot do it (then sessions keep their own pools).
+    """
+    if _pool["global"]:
+        return True
+    try:
+        from onnxruntime.capi import _pybind_state
+
+        _pybind_state.set_global_thread_pool_sizes(threads or 0, 1)
+    except (ImportError, AttributeError, RuntimeError):
+        return False
+    _pool.update(threads=threads or 0)
+    _pool["global"] = True
+    return True
+
+
+def _configure_threads(options: ort.SessionOptions, threads: int | None, alternating: bool) -> None:
+    if _pool["global"]:
+        options.use_per_session_threads = False  # the pool's size was fixed when it was made
         return
-    # A per-session pool (another thread count was asked for, or no global pool): never spin.
     if threads:
         options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if alternating:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
 
 
 def resolve_providers(requested: Sequence[str] | None) -> list[str]:
@@ -102,7 +117,9 @@ class ModelSession:
         threads: int | None = None,
         max_chunk: int = DEFAULT_CHUNK,
         provider_options: Sequence[dict[str, Any]] | None = None,
+        alternating: bool = False,
     ) -> None:
+        """alternating: this session takes turns with another one (target and draft)."""
         self.spec = spec
         self.path = graph_path
         self.providers = resolve_providers(providers)
@@ -114,7 +131,7 @@ class ModelSession:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3
-        _configure_threads(options, threads)
+        _configure_threads(options, threads, alternating)
         try:
             self.session = ort.InferenceSession(
                 str(graph_path),

@@ -10,7 +10,7 @@
 #     SPECX_CACHE          cache root (default ~/.cache/specx); models go to $SPECX_CACHE/genai/
 #
 # Idempotent: an existing environment, HF folder or built model (genai_config.json present) is kept.
-# Then run:  $SPECX_GENAI_VENV/bin/python scripts/genai_peer.py --target .../target-fp32 ...
+# Then run:  $SPECX_GENAI_VENV/bin/python runtime/data/genai_runner.py --target .../target-fp32 ...
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${SPECX_GENAI_VENV:-$ROOT/.venv-genai}"
@@ -43,9 +43,13 @@ build() {
   if [ -f "$OUT/$name/genai_config.json" ]; then
     echo "have $OUT/$name" >&2; return
   fi
-  echo "building $OUT/$name ($precision, cpu)" >&2
-  HF_HUB_OFFLINE=1 "$PY" -m onnxruntime_genai.models.builder \
-    -i "$HF" -o "$OUT/$name" -p "$precision" -e cpu -c "$OUT/.builder-cache" "$@" >&2
+  echo "building $OUT/$name ($precision, cpu; log in $OUT/$name.log)" >&2
+  mkdir -p "$OUT"
+  if ! HF_HUB_OFFLINE=1 "$PY" -m onnxruntime_genai.models.builder \
+      -i "$HF" -o "$OUT/$name" -p "$precision" -e cpu -c "$OUT/.builder-cache" "$@" \
+      >"$OUT/$name.log" 2>&1; then
+    tail -n 20 "$OUT/$name.log" >&2; exit 1
+  fi
 }
 build target-fp32 fp32
 build draft-int4 int4

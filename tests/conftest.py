@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,10 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+# In-process CLI tests (click's CliRunner) must not switch this test process to onnxruntime's
+# global thread pool: raw onnxruntime sessions in other tests would then be refused. Subprocess
+# tests drop this variable and exercise the CLI's default (global pool).
+os.environ["SPECX_THREAD_POOL"] = "session"
 
 HAS_EXPORTER = all(importlib.util.find_spec(m) for m in ("torch", "transformers", "onnx"))
 needs_exporter = pytest.mark.skipif(not HAS_EXPORTER, reason="needs specx[export]")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,11 +19,13 @@ pytestmark = needs_exporter
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "SPECX_THREAD_POOL"}  # the CLI default
     return subprocess.run(
         [sys.executable, "-m", "specx.runtime.cli", *args],
         capture_output=True,
         text=True,
         timeout=300,
+        env=env,
     )
 
 
