@@ -45,7 +45,7 @@ class _StaticReshape(torch.autograd.Function):
 
 
 def reshape(x: torch.Tensor, *shape: int) -> torch.Tensor:
-    return _StaticReshape.apply(x, *shape)  # type: ignore[no-any-return]
+    return _StaticReshape.apply(x, *shape)
 
 
 def attention_bias(
