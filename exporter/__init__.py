@@ -20,13 +20,16 @@ from typing import Any
 
 import numpy as np
 
+from specx.profiles import Profile, load_profile
 from specx.runtime import contract
 from specx.runtime.contract import Manifest, ModelSpec
 from specx.runtime.errors import ExportError
 
 from .check import check_parity
+from .engines import build_engines, import_tensorrt
 from .load import SourceModel, chat_template, check_pair, load_source, special_tokens
 from .onnx_export import export_graph
+from .plan import DraftPlanEntry, plan_pair
 from .quantize import CALIBRATION_TEXT, QUANTIZED_DRAFTS, derive_quantized_draft
 
 __all__ = ["ExportOptions", "export_pair"]
@@ -42,6 +45,8 @@ class ExportOptions:
     check_k: int = 4  # the verify width checked for parity is K + 1
     opset: int = 17
     force: bool = False  # replace an existing output folder
+    profile: str | None = None  # a built-in profile name or a .toml path: limits, precision
+    engines: bool = False  # also build TensorRT engines (needs TensorRT and a GPU)
 
 
 def _versions() -> dict[str, str]:
@@ -131,11 +136,34 @@ def export_pair(
     options = options or ExportOptions()
     output = Path(output)
     _validate(output, options)
+    profile = load_profile(options.profile) if options.profile else None
+    if options.engines:
+        if profile is None or not profile.tensorrt.enabled:
+            raise ExportError(
+                "--engines needs a profile with TensorRT enabled", "e.g. --profile gpu-datacenter"
+            )
+        import_tensorrt()  # fail before any work if TensorRT is missing
+    if profile is not None:
+        options = dataclasses.replace(options, max_length=profile.max_context)
+        log(f"profile {profile.name}: {profile.description}")
+        entries = [DraftPlanEntry(n, s) for n, s in _named_drafts(drafts, target)]
+        plan_pair(profile, target, entries, options.engines, _same_source, log)
+        if profile.precision == "fp16" and any(e.source in QUANTIZED_DRAFTS for e in entries):
+            raise ExportError(
+                "int8/int4 drafts are CPU drafts (ONNX Runtime quantization ops) and need an "
+                "fp32 profile",
+                "use a model draft or ngram with fp16 profiles",
+            )
     output.parent.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
     try:
         os.chmod(staged, 0o755)  # mkdtemp makes it private; an artifact is meant to be shared
-        manifest = _export_into(staged, target, list(drafts), options, log)
+        manifest = _export_into(staged, target, list(drafts), options, profile, log)
+        if options.engines and profile is not None:
+            log("building TensorRT engines")
+            engines = build_engines(staged, manifest, profile, log)
+            manifest = dataclasses.replace(manifest, engines=tuple(engines))
+            manifest.write(staged)
         _replace_atomically(staged, output)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
@@ -144,8 +172,14 @@ def export_pair(
 
 
 def _export_into(
-    folder: Path, target: str, drafts: list[str], options: ExportOptions, log: Callable[[str], None]
+    folder: Path,
+    target: str,
+    drafts: list[str],
+    options: ExportOptions,
+    profile: Profile | None,
+    log: Callable[[str], None],
 ) -> Manifest:
+    precision = profile.precision if profile else "fp32"
     t_start = time.perf_counter()
     pair_id = uuid.uuid4().hex
     steps = 1 + len(drafts)
@@ -154,7 +188,7 @@ def _export_into(
     def export_one(src: SourceModel, role: str, graph: str) -> ModelSpec:
         t0 = time.perf_counter()
         spec = export_graph(
-            src, folder, role, graph, options.max_length, pair_id, options.opset, log
+            src, folder, role, graph, options.max_length, pair_id, options.opset, log, precision
         )
         timings[f"{graph}_export_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -212,6 +246,7 @@ def _export_into(
         max_length=max_length,
         exporter=_exporter_info(options, timings),
         default_drafter=default_drafter,
+        profile=profile.to_json() if profile else None,
     )
     manifest.write(folder)
     log(f"done in {timings['total_s']:.1f} s")

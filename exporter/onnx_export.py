@@ -139,12 +139,21 @@ def export_graph(
     pair_id: str,
     opset: int,
     log: Log,
+    precision: str = "fp32",
 ) -> ModelSpec:
-    """Trace `src` into folder/graph_name and describe it; parity is checked separately."""
+    """Trace `src` into folder/graph_name and describe it; parity is checked separately.
+
+    precision "fp16": weights, activations and caches in float16 (a half copy of the model is
+    traced; the source model stays float32 for the parity reference); logits stay float32.
+    """
+    import copy
+
     import onnx
     import torch
 
     dims = model_dims(src)
+    dtype = "float16" if precision == "fp16" else "float32"
+    torch_dtype = torch.float16 if precision == "fp16" else torch.float32
     if max_length > dims["max_positions"]:
         log(
             f"  {role}: --max-length {max_length} exceeds the model's {dims['max_positions']} "
@@ -153,13 +162,14 @@ def export_graph(
         max_length = dims["max_positions"]
     vocab = model_vocab_size(src)
     layers, kv, hd = dims["num_layers"], dims["kv_heads"], dims["head_dim"]
-    inputs = contract.graph_inputs(layers, kv, hd, "float32")
-    outputs = contract.graph_outputs(layers, kv, hd, vocab, "float32")
-    module = make_graph_module(src.model)
+    inputs = contract.graph_inputs(layers, kv, hd, dtype)
+    outputs = contract.graph_outputs(layers, kv, hd, vocab, dtype)
+    traced = src.model if precision == "fp32" else copy.deepcopy(src.model).to(torch_dtype)
+    module = make_graph_module(traced)
     # Dummy inputs: 3 new tokens on top of 2 past positions; every axis is dynamic.
     ids = torch.tensor([[1, 2, 3]], dtype=torch.long)
     positions = torch.tensor([[2, 3, 4]], dtype=torch.long)
-    past = [torch.zeros(1, 2, kv, hd) for _ in range(2 * layers)]
+    past = [torch.zeros(1, 2, kv, hd, dtype=torch_dtype) for _ in range(2 * layers)]
     raw = folder / f".{graph_name}.raw"
     raw.mkdir(parents=True, exist_ok=True)
     raw_path = raw / "model.onnx"
@@ -222,9 +232,10 @@ def export_graph(
         hidden_size=dims["hidden_size"],
         vocab_size=vocab,
         max_length=max_length,
-        dtype="float32",
+        dtype=dtype,
         num_parameters=params,
         weight_bytes=nbytes,
         inputs=inputs,
         outputs=outputs,
+        variant="fp16" if precision == "fp16" else "plain",
     )

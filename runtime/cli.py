@@ -172,6 +172,7 @@ def run(
         for delta in generation:
             if not as_json:
                 click.echo(delta, nl=False)
+                sys.stdout.flush()  # stream to pipes too, not only to terminals
     except KeyboardInterrupt:
         interrupted = True
         generation.close()
@@ -235,6 +236,10 @@ def info(artifact: Path, debug: bool) -> None:
 @click.option("--check-k", type=int, default=4, show_default=True, help="K of the parity check.")
 @click.option("--force", is_flag=True, help="Replace an existing output folder (atomically).")
 @click.option("--opset", type=int, default=17, show_default=True)
+@click.option(
+    "--profile", default=None, help="Deployment profile: a name (specx profiles) or a TOML."
+)
+@click.option("--engines", is_flag=True, help="Also build TensorRT engines (GPU + TensorRT).")
 @debug_option
 @user_errors
 def export_cmd(
@@ -245,6 +250,8 @@ def export_cmd(
     check_k: int,
     force: bool,
     opset: int,
+    profile: str | None,
+    engines: bool,
     debug: bool,
 ) -> None:
     """Export a TARGET (and drafts) to an ONNX artifact folder, checked against the source."""
@@ -257,11 +264,62 @@ def export_cmd(
             f"the exporter's dependencies are missing ({e.name})",
             "pip install 'specx[export]' (install torch first: pip install torch==2.13.0)",
         ) from e
-    options = ExportOptions(max_length=max_length, check_k=check_k, opset=opset, force=force)
+    options = ExportOptions(
+        max_length=max_length,
+        check_k=check_k,
+        opset=opset,
+        force=force,
+        profile=profile,
+        engines=engines,
+    )
     manifest = export_pair(
         target, list(drafts), output, options, log=lambda m: click.echo(m, err=True)
     )
     click.echo(f"wrote {output} (export {manifest.pair_id})", err=True)
+
+
+@main.command()
+@click.argument("name", required=False)
+@debug_option
+@user_errors
+def profiles(name: str | None, debug: bool) -> None:
+    """List the deployment profiles, or print one (NAME or a .toml path) after validating it."""
+    from specx.profiles import builtin_names, load_profile
+
+    if name:
+        p = load_profile(name)
+        click.echo(json.dumps(p.to_json(), indent=2))
+        return
+    click.echo(
+        f"{'name':<22}{'precision':<10}{'providers':<24}{'context':>8}{'K':>7}"
+        f"{'budget MB':>11}  description"
+    )
+    for builtin in builtin_names():
+        p = load_profile(builtin)
+        click.echo(
+            f"{p.name:<22}{p.precision:<10}{','.join(p.providers):<24}{p.max_context:>8}"
+            f"{f'{p.k_min}-{p.k_max}':>7}{p.budget_mb:>11}  {p.description}"
+        )
+
+
+@main.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option(
+    "--profile", default=None, help="Profile (default: the one the artifact was exported with)."
+)
+@debug_option
+@user_errors
+def build(artifact: Path, profile: str | None, debug: bool) -> None:
+    """Build TensorRT engines for an exported ARTIFACT (on the GPU they will run on)."""
+    from specx.runtime.errors import ExportError
+
+    try:
+        from specx.exporter.engines import rebuild_engines
+    except ImportError as e:
+        raise ExportError(
+            f"building engines needs specx[export] ({e.name})", "pip install 'specx[export]'"
+        ) from e
+    rebuild_engines(artifact, profile, log=lambda m: click.echo(m, err=True))
 
 
 def _csv(text: str, kind: type = str) -> tuple[Any, ...]:

@@ -216,6 +216,8 @@ class Manifest:
     max_length: int  # usable context of the pair: min over the models
     exporter: dict[str, Any] = field(default_factory=dict)  # versions, options, timings
     default_drafter: str | None = None  # a draft name, "ngram" or "none"; None: the first draft
+    profile: dict[str, Any] | None = None  # the deployment profile applied at export, resolved
+    engines: tuple[dict[str, Any], ...] = ()  # TensorRT engines: model, file, versions, GPU
 
     @property
     def draft(self) -> ModelSpec | None:
@@ -241,6 +243,8 @@ class Manifest:
             "target": self.target.to_json(),
             "drafts": [d.to_json() for d in self.drafts],
             "default_drafter": self.default_drafter,
+            "profile": self.profile,
+            "engines": list(self.engines),
             "exporter": self.exporter,
         }
 
@@ -297,6 +301,8 @@ class Manifest:
             max_length=int(data["max_length"]),
             exporter=dict(data.get("exporter", {})),
             default_drafter=data.get("default_drafter"),
+            profile=data.get("profile"),
+            engines=tuple(dict(e) for e in data.get("engines", [])),
         )
 
     @staticmethod

@@ -43,10 +43,17 @@ class KVCache:
         shape = (1, capacity, kv_heads, head_dim)
         self._arrays: list[np.ndarray] = []
         self._ort_values: list[Any] = []
+        self._device_buffers: list[Any] = []
         if device == "cpu":
             self._arrays = [np.zeros(shape, self.np_dtype) for _ in range(2 * num_layers)]
             self._ptrs = [a.ctypes.data for a in self._arrays]
-        else:
+        elif device == "cudart":  # raw CUDA memory, for the TensorRT backend
+            from specx.runtime.cuda import DeviceBuffer
+
+            nbytes = capacity * self.slot_bytes
+            self._device_buffers = [DeviceBuffer(nbytes) for _ in range(2 * num_layers)]
+            self._ptrs = [b.ptr for b in self._device_buffers]
+        else:  # an onnxruntime device ("cuda"): OrtValues from its allocator
             import onnxruntime as ort
 
             self._ort_values = [
@@ -101,6 +108,10 @@ class KVCache:
     def _read(self, index: int) -> np.ndarray:
         if self._arrays:
             return self._arrays[index][0, : self._length]
+        if self._device_buffers:
+            out = np.empty((self._length, self.kv_heads, self.head_dim), self.np_dtype)
+            self._device_buffers[index].download(out)
+            return out
         return self._ort_values[index].numpy()[0, : self._length]
 
     def buffer_addresses(self) -> tuple[int, ...]:

@@ -28,6 +28,30 @@ from specx.runtime.stats import Stats
 from specx.runtime.tokenizer import TextCodec
 
 MAX_K = 16
+
+
+def _usable(provider: str, manifest: Manifest) -> bool:
+    if provider == "cpu":
+        return True
+    if provider == "tensorrt":
+        import importlib.util
+
+        return bool(manifest.engines) and importlib.util.find_spec("tensorrt") is not None
+    import onnxruntime as ort
+
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def choose_providers(requested: Sequence[str] | None, manifest: Manifest) -> list[str]:
+    """The command line's providers as given (errors name what is missing); otherwise the
+    profile's, in its order, keeping those usable here, with cpu last as the fallback."""
+    if requested:
+        return [p.lower() for p in requested]
+    wanted = list((manifest.profile or {}).get("providers", ["cpu"]))
+    usable = [p for p in wanted if _usable(p, manifest)]
+    return usable if usable and usable != ["tensorrt"] else [*usable, "cpu"]
+
+
 DEFAULT_K = 4
 PAIR_ID_KEY = "specx.pair_id"
 
@@ -88,7 +112,7 @@ class Pipeline:
         self.folder = folder
         self.manifest = manifest
         self.codec = codec
-        self.providers = list(providers) if providers else None
+        self.providers = choose_providers(providers, manifest)
         self.threads = threads
         self._alternating = any(d.graph != manifest.target.graph for d in manifest.drafts)
         self.target = self._open_graph(manifest.target)
@@ -117,7 +141,17 @@ class Pipeline:
             )
         return cls(path, manifest, codec, providers, threads)
 
-    def _open_graph(self, spec: ModelSpec) -> ModelSession:
+    def _open_graph(self, spec: ModelSpec) -> Any:
+        if self.providers[0] == "tensorrt":
+            entry = next((e for e in self.manifest.engines if e["graph"] == spec.graph), None)
+            if entry is None:
+                raise ArtifactError(
+                    f"this artifact has no TensorRT engine for {spec.graph}",
+                    "build them (specx build ARTIFACT --profile NAME) or use --provider cuda/cpu",
+                )
+            from specx.runtime.trt_backend import TensorRTSession
+
+            return TensorRTSession(self.folder, spec, entry)
         session = ModelSession(
             self.folder / spec.graph,
             spec,
@@ -220,11 +254,14 @@ class Pipeline:
             )
         if not 1 <= max_k <= MAX_K:
             raise InputError(f"max K must be in 1..{MAX_K}, got {max_k}")
+        profile = self.manifest.profile or {}
+        limit = int(profile.get("k_max", MAX_K))
         if k is None:
-            k = 0 if name == "none" else DEFAULT_K
+            k = 0 if name == "none" else int(profile.get("k_default", DEFAULT_K))
         if k == "auto":
             if name == "none":
                 raise InputError("-k auto needs a drafter", "pass --draft NAME (or ngram)")
+            max_k = min(max_k, limit)
             return AdaptiveK(max_k=max_k), max_k, name
         if isinstance(k, str):
             try:
@@ -233,6 +270,12 @@ class Pipeline:
                 raise InputError(f"K must be a number or 'auto', got {k!r}") from e
         if not 0 <= k <= MAX_K:
             raise InputError(f"K must be in 0..{MAX_K}, got {k}", "e.g. -k 4, or -k 0 for none")
+        if k > limit:
+            raise InputError(
+                f"K={k} exceeds the profile's k_max {limit} (its engines verify at most "
+                f"{limit + 1} tokens per pass)",
+                f"use -k {limit} or less, or re-export with a profile allowing more",
+            )
         if k == 0:
             name = "none"
         elif name == "none":

@@ -123,3 +123,33 @@ def small_vocab_pair(tmp_path_factory: Any) -> TinyPair:
         log=lambda _m: None,
     )
     return TinyPair(artifact, target, sources, "llama", 64)
+
+
+@pytest.fixture(scope="session")
+def fp16_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
+    """A tiny llama exported with an fp16 profile (gpu-datacenter shapes, smaller context)."""
+    import tiny_models
+    from profile_tools import mutated, to_toml
+    from specx.exporter import ExportOptions, export_pair
+
+    root = tmp_path_factory.mktemp("fp16")
+    target = tiny_models.build_model("llama", tokenizer.get_vocab_size(), seed=1, max_positions=512)
+    mixed = tiny_models.perturbed_copy(target, 0.02, seed=7)
+    sources = {
+        "target": tiny_models.save(target, tokenizer, root / "t"),
+        "mixed": tiny_models.save(mixed, tokenizer, root / "d"),
+    }
+    data = mutated("gpu-datacenter", lambda d: None)
+    data.update(max_context=256, prefill_chunk=64)
+    data["tensorrt"]["prefill"].update(seq=[1, 64, 64], past_len=[0, 0, 192])
+    data["tensorrt"]["decode"].update(past_len=[0, 64, 247])
+    profile = root / "gpu-small.toml"
+    profile.write_text(to_toml(data))
+    export_pair(
+        str(sources["target"]),
+        [f"mixed={sources['mixed']}"],
+        root / "artifact",
+        ExportOptions(profile=str(profile)),
+        log=lambda _m: None,
+    )
+    return TinyPair(root / "artifact", target, sources, "llama", 256)

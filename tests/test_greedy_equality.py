@@ -27,14 +27,18 @@ def hf_greedy(
 ) -> list[int]:
     import torch
 
+    import copy
+
+    config = copy.deepcopy(model.generation_config)
+    config.eos_token_id = list(eos) or None  # no EOS: generate to max_new_tokens, like specx
+    config.pad_token_id = eos[0] if eos else 0
+    config.do_sample = False
+    config.max_new_tokens = max_new_tokens
     with torch.no_grad():
         out = model.generate(
             torch.from_numpy(prompt)[None],
             attention_mask=torch.ones(1, prompt.shape[0], dtype=torch.long),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=list(eos),
-            pad_token_id=eos[0],
+            generation_config=config,
         )
     return out[0, prompt.shape[0] :].tolist()
 

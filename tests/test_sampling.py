@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from stats_tools import chi_square_p_value, joint_of_pairs
 
 from specx.runtime.errors import InputError
 from specx.runtime.sampling import SamplingParams, sample, warp
 from specx.runtime.verify import verify_stochastic
+from stats_tools import chi_square_p_value, joint_of_pairs
 
 ALPHA = 1e-3  # significance of each test
 SAMPLES = 12_000

@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from stats_tools import chi_square_p_value
 
 from conftest import TinyPair, needs_exporter
 from specx.runtime import Pipeline, SamplingParams
 from specx.runtime.sampling import warp
+from stats_tools import chi_square_p_value
 
 pytestmark = needs_exporter
 

