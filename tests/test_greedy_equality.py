@@ -25,12 +25,12 @@ TIE_MARGIN = 1e-4  # largest top-2 logit gap counted as a floating-point near-ti
 def hf_greedy(
     model: Any, prompt: np.ndarray, max_new_tokens: int, eos: tuple[int, ...]
 ) -> list[int]:
-    import torch
-
     import copy
 
+    import torch
+
     config = copy.deepcopy(model.generation_config)
-    config.eos_token_id = list(eos) or None  # no EOS: generate to max_new_tokens, like specx
+    config.eos_token_id = list(eos) or [2**31 - 1]  # no EOS: an id that never occurs
     config.pad_token_id = eos[0] if eos else 0
     config.do_sample = False
     config.max_new_tokens = max_new_tokens
