@@ -28,7 +28,7 @@ from specx.runtime.errors import ExportError
 from .check import check_parity
 from .engines import build_engines, import_tensorrt
 from .load import SourceModel, chat_template, check_pair, load_source, special_tokens
-from .onnx_export import export_graph
+from .onnx_export import export_graph, model_dims
 from .plan import DraftPlanEntry, plan_pair
 from .quantize import CALIBRATION_TEXT, QUANTIZED_DRAFTS, derive_quantized_draft
 
@@ -47,6 +47,10 @@ class ExportOptions:
     force: bool = False  # replace an existing output folder
     profile: str | None = None  # a built-in profile name or a .toml path: limits, precision
     engines: bool = False  # also build TensorRT engines (needs TensorRT and a GPU)
+    # "gqa": ONNX Runtime's in-place GroupQueryAttention (fast on CPU/CUDA, no per-step cache
+    # copy); "plain": standard ONNX ops only (what TensorRT parses); "auto": plain for profiles
+    # that build TensorRT engines, gqa otherwise.
+    attention: str = "auto"
 
 
 def _versions() -> dict[str, str]:
@@ -106,6 +110,18 @@ def _named_drafts(drafts: Sequence[str], target: str) -> list[tuple[str, str]]:
     return named
 
 
+def resolve_attention(options: ExportOptions, profile: Profile | None) -> str:
+    if options.attention not in ("auto", *contract.ATTENTIONS):
+        raise ExportError(
+            f"--attention must be auto, gqa or plain, got {options.attention!r}",
+            "gqa for ONNX Runtime (CPU, CUDA), plain for TensorRT",
+        )
+    if options.attention != "auto":
+        return options.attention
+    uses_tensorrt = profile is not None and profile.tensorrt.enabled
+    return "plain" if uses_tensorrt or options.engines else "gqa"
+
+
 def _validate(output: Path, options: ExportOptions) -> None:
     if options.max_length < 8:
         raise ExportError(f"--max-length must be at least 8, got {options.max_length}")
@@ -137,6 +153,10 @@ def export_pair(
     output = Path(output)
     _validate(output, options)
     profile = load_profile(options.profile) if options.profile else None
+    attention = resolve_attention(options, profile)
+    options = dataclasses.replace(options, attention=attention)
+    if options.engines and attention != "plain":
+        raise ExportError("TensorRT engines need plain graphs", "drop --attention gqa")
     if options.engines:
         if profile is None or not profile.tensorrt.enabled:
             raise ExportError(
@@ -187,8 +207,15 @@ def _export_into(
 
     def export_one(src: SourceModel, role: str, graph: str) -> ModelSpec:
         t0 = time.perf_counter()
+        attention = options.attention
+        dims = model_dims(src)
+        if attention == "gqa" and dims["head_dim"] % 16:
+            log(f"  {role}: head_dim {dims['head_dim']} is not a multiple of 16, which "
+                "GroupQueryAttention needs; exporting plain attention")
+            attention = "plain"
         spec = export_graph(
-            src, folder, role, graph, options.max_length, pair_id, options.opset, log, precision
+            src, folder, role, graph, options.max_length, pair_id, options.opset, log, precision,
+            attention,
         )
         timings[f"{graph}_export_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()

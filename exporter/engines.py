@@ -124,6 +124,9 @@ def build_engines(folder: Path, manifest: Manifest, profile: Profile, log: Log) 
         if spec.graph in seen:
             continue
         seen.add(spec.graph)
+        if spec.attention != "plain":
+            log(f"  {spec.name}: {spec.attention} attention is an ONNX Runtime op; no engine")
+            continue
         if spec.variant in ("int8", "int4"):
             log(f"  {spec.name}: quantized with ONNX Runtime ops; no TensorRT engine (CPU draft)")
             continue

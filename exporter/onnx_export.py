@@ -18,7 +18,7 @@ from specx.runtime.contract import ModelSpec
 from specx.runtime.errors import ExportError
 
 from .load import Log, SourceModel, model_vocab_size
-from .wrap import make_graph_module
+from .wrap import make_graph_module, uses_position_ids
 
 # Graphs larger than this keep their weights in a side file (protobuf's 2 GB limit).
 EXTERNAL_DATA_BYTES = 1_800_000_000
@@ -53,18 +53,15 @@ def model_dims(src: SourceModel) -> dict[str, int]:
     }
 
 
-def _dynamic_axes(num_layers: int) -> dict[str, dict[int, str]]:
-    axes: dict[str, dict[int, str]] = {
-        contract.INPUT_IDS: {0: contract.BATCH, 1: contract.SEQ},
-        contract.POSITION_IDS: {0: contract.BATCH, 1: contract.SEQ},
-        contract.LOGITS: {0: contract.BATCH, 1: contract.SEQ},
+def _dynamic_axes(
+    inputs: tuple[contract.TensorSpec, ...], outputs: tuple[contract.TensorSpec, ...]
+) -> dict[str, dict[int, str]]:
+    """Every symbolic dim of the contract becomes a dynamic axis of that name."""
+    return {
+        t.name: {i: d for i, d in enumerate(t.shape) if isinstance(d, str)}
+        for t in (*inputs, *outputs)
+        if any(isinstance(d, str) for d in t.shape)
     }
-    for i in range(num_layers):
-        axes[contract.past_key(i)] = {0: contract.BATCH, 1: contract.PAST}
-        axes[contract.past_value(i)] = {0: contract.BATCH, 1: contract.PAST}
-        axes[contract.new_key(i)] = {0: contract.BATCH, 1: contract.SEQ}
-        axes[contract.new_value(i)] = {0: contract.BATCH, 1: contract.SEQ}
-    return axes
 
 
 def tie_lm_head(model: Any) -> bool:
@@ -140,11 +137,13 @@ def export_graph(
     opset: int,
     log: Log,
     precision: str = "fp32",
+    attention: str = "plain",
 ) -> ModelSpec:
     """Trace `src` into folder/graph_name and describe it; parity is checked separately.
 
     precision "fp16": weights, activations and caches in float16 (a half copy of the model is
     traced; the source model stays float32 for the parity reference); logits stay float32.
+    attention "plain" (standard ONNX, for TensorRT) or "gqa" (ONNX Runtime's in-place attention).
     """
     import copy
 
@@ -162,30 +161,41 @@ def export_graph(
         max_length = dims["max_positions"]
     vocab = model_vocab_size(src)
     layers, kv, hd = dims["num_layers"], dims["kv_heads"], dims["head_dim"]
-    inputs = contract.graph_inputs(layers, kv, hd, dtype)
-    outputs = contract.graph_outputs(layers, kv, hd, vocab, dtype)
+    with_positions = uses_position_ids(src.model, attention)
+    inputs = contract.graph_inputs(layers, kv, hd, dtype, attention, with_positions)
+    outputs = contract.graph_outputs(layers, kv, hd, vocab, dtype, attention)
     traced = src.model if precision == "fp32" else copy.deepcopy(src.model).to(torch_dtype)
-    module = make_graph_module(traced)
+    module = make_graph_module(traced, attention, max_length)
     # Dummy inputs: 3 new tokens on top of 2 past positions; every axis is dynamic.
-    ids = torch.tensor([[1, 2, 3]], dtype=torch.long)
-    positions = torch.tensor([[2, 3, 4]], dtype=torch.long)
-    past = [torch.zeros(1, 2, kv, hd, dtype=torch_dtype) for _ in range(2 * layers)]
+    args: list[torch.Tensor] = [torch.tensor([[1, 2, 3]], dtype=torch.long)]
+    if with_positions:
+        args.append(torch.tensor([[2, 3, 4]], dtype=torch.long))
+    if attention == "gqa":
+        args += [torch.tensor([4], dtype=torch.int32), torch.tensor(5, dtype=torch.int32)]
+        cache_shape = (1, kv, 8, hd)  # full buffers of 8 positions, 5 of them valid
+    else:
+        cache_shape = (1, 2, kv, hd)
+    args += [torch.zeros(*cache_shape, dtype=torch_dtype) for _ in range(2 * layers)]
     raw = folder / f".{graph_name}.raw"
     raw.mkdir(parents=True, exist_ok=True)
     raw_path = raw / "model.onnx"
-    log(f"  {role}: tracing {src.model_type} ({layers} layers) to ONNX opset {opset}")
+    log(
+        f"  {role}: tracing {src.model_type} ({layers} layers, {attention} attention, "
+        f"{precision}) to ONNX opset {opset}"
+    )
     t0 = time.perf_counter()
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.onnx.export(
                 module,
-                (ids, positions, *past),
+                tuple(args),
                 str(raw_path),
                 input_names=[t.name for t in inputs],
                 output_names=[t.name for t in outputs],
-                dynamic_axes=_dynamic_axes(layers),
+                dynamic_axes=_dynamic_axes(inputs, outputs),
                 opset_version=opset,
+                custom_opsets={"com.microsoft": 1} if attention == "gqa" else None,
                 do_constant_folding=True,
                 dynamo=False,
             )
@@ -238,4 +248,5 @@ def export_graph(
         inputs=inputs,
         outputs=outputs,
         variant="fp16" if precision == "fp16" else "plain",
+        attention=attention,
     )

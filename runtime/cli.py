@@ -240,6 +240,13 @@ def info(artifact: Path, debug: bool) -> None:
     "--profile", default=None, help="Deployment profile: a name (specx profiles) or a TOML."
 )
 @click.option("--engines", is_flag=True, help="Also build TensorRT engines (GPU + TensorRT).")
+@click.option(
+    "--attention",
+    type=click.Choice(["auto", "gqa", "plain"]),
+    default="auto",
+    show_default=True,
+    help="gqa: ONNX Runtime's in-place attention; plain: standard ONNX (TensorRT).",
+)
 @debug_option
 @user_errors
 def export_cmd(
@@ -252,6 +259,7 @@ def export_cmd(
     opset: int,
     profile: str | None,
     engines: bool,
+    attention: str,
     debug: bool,
 ) -> None:
     """Export a TARGET (and drafts) to an ONNX artifact folder, checked against the source."""
@@ -271,6 +279,7 @@ def export_cmd(
         force=force,
         profile=profile,
         engines=engines,
+        attention=attention,
     )
     manifest = export_pair(
         target, list(drafts), output, options, log=lambda m: click.echo(m, err=True)

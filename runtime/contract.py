@@ -1,24 +1,33 @@
-"""The graph contract: I/O names, dtypes, symbolic dims, cache layout, and the manifest.
+"""The graph contract: I/O names, dtypes, symbolic dims, cache layouts, and the manifest.
 
 This module is the single source of truth for what an exported graph looks like. The exporter
 imports it to name the graph's inputs and outputs and writes it into ``manifest.json``; the
 runtime reads the manifest back and checks every graph against it. A C++ service can do the same
 from ``manifest.json`` alone (the format is documented in docs/artifact-format.md).
 
-Graph signature, per model (L = number of layers):
+Two attention variants share the outer signature (L = number of layers):
 
     inputs   input_ids        int64  [batch, seq]
-             position_ids     int64  [batch, seq]                 absolute positions past_len..
-             past_key.{i}     float  [batch, past_len, kv_heads, head_dim]   i = 0..L-1
-             past_value.{i}   float  [batch, past_len, kv_heads, head_dim]
-    outputs  logits           float32 [batch, seq, vocab]          one row per new position
-             new_key.{i}      float  [batch, seq, kv_heads, head_dim]   keys of the new positions
-             new_value.{i}    float  [batch, seq, kv_heads, head_dim]
+             position_ids     int64  [batch, seq]      absolute positions (plain graphs; gqa
+                                                       graphs only where positions are learned)
+    outputs  logits           float32 [batch, seq, vocab]   one row per new position
 
-The graph attends from each new position p to every key at a position <= p (the past, then the
-new tokens causally). It returns only the keys/values of the new positions, so the runtime can
-bind ``new_key.{i}`` to the slot right after the past inside one preallocated cache buffer: the
-cache grows in place and a rollback is just a smaller length.
+"plain" (standard ONNX ops only: the TensorRT graph). Cache layout [batch, position, kv, dim]:
+    inputs   past_key.{i}, past_value.{i}   [batch, past_len, kv_heads, head_dim]
+    outputs  new_key.{i},  new_value.{i}    [batch, seq, kv_heads, head_dim]   new positions only
+  The runtime binds the valid prefix of a preallocated buffer as `past` and the slots right after
+  it as `new`: the cache grows in place.
+
+"gqa" (ONNX Runtime's com.microsoft GroupQueryAttention: the CPU/CUDA graph). Cache layout
+[batch, kv, position, dim], one full-capacity buffer per tensor, shared by input and output:
+    inputs   seqlens_k                int32 [batch]   valid positions after this pass, minus 1
+             total_sequence_length    int32 []        past_len + seq
+             past_key.{i}, past_value.{i}       [batch, kv_heads, cache_len, head_dim]
+    outputs  present_key.{i}, present_value.{i} [batch, kv_heads, cache_len, head_dim]
+  The runtime binds `past` and `present` to the same buffer: the op writes the new positions in
+  place and reads only the valid ones; rotary embeddings are applied inside the op.
+
+In both, rolling back after a rejected draft is just a smaller length: nothing is copied.
 """
 
 from __future__ import annotations
@@ -43,10 +52,19 @@ BATCH = "batch"
 SEQ = "seq"
 PAST = "past_len"
 
-# Cache layout of past/new keys and values; the position axis comes right after batch so that,
-# for batch 1, the first `past_len` positions of a [1, max_len, kv_heads, head_dim] buffer are a
-# contiguous prefix that can be bound as the `past` input without a copy.
-CACHE_LAYOUT = ("batch", "position", "kv_head", "head_dim")
+CACHE_LEN = "cache_len"
+SEQLENS_K = "seqlens_k"
+TOTAL_SEQUENCE_LENGTH = "total_sequence_length"
+
+ATTENTIONS = ("plain", "gqa")
+# Cache layouts. plain: the position axis right after batch, so that for batch 1 the first
+# `past_len` positions of a buffer are a contiguous prefix that binds as `past` without a copy.
+# gqa: heads before positions, the layout GroupQueryAttention reads and writes in place.
+CACHE_LAYOUTS = {
+    "plain": ("batch", "position", "kv_head", "head_dim"),
+    "gqa": ("batch", "kv_head", "position", "head_dim"),
+}
+CACHE_LAYOUT = CACHE_LAYOUTS["plain"]
 
 DTYPES = ("float32", "float16")
 
@@ -67,6 +85,14 @@ def new_value(layer: int) -> str:
     return f"new_value.{layer}"
 
 
+def present_key(layer: int) -> str:
+    return f"present_key.{layer}"
+
+
+def present_value(layer: int) -> str:
+    return f"present_value.{layer}"
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One graph input or output: name, element type, shape (ints or symbolic names)."""
@@ -84,27 +110,46 @@ class TensorSpec:
 
 
 def graph_inputs(
-    num_layers: int, kv_heads: int, head_dim: int, cache_dtype: str
+    num_layers: int,
+    kv_heads: int,
+    head_dim: int,
+    cache_dtype: str,
+    attention: str = "plain",
+    position_ids: bool = True,
 ) -> tuple[TensorSpec, ...]:
-    specs = [
-        TensorSpec(INPUT_IDS, "int64", (BATCH, SEQ)),
-        TensorSpec(POSITION_IDS, "int64", (BATCH, SEQ)),
-    ]
-    for i in range(num_layers):
+    specs = [TensorSpec(INPUT_IDS, "int64", (BATCH, SEQ))]
+    if attention == "plain" or position_ids:
+        specs.append(TensorSpec(POSITION_IDS, "int64", (BATCH, SEQ)))
+    if attention == "gqa":
+        specs.append(TensorSpec(SEQLENS_K, "int32", (BATCH,)))
+        specs.append(TensorSpec(TOTAL_SEQUENCE_LENGTH, "int32", ()))
+        shape: tuple[int | str, ...] = (BATCH, kv_heads, CACHE_LEN, head_dim)
+    else:
         shape = (BATCH, PAST, kv_heads, head_dim)
+    for i in range(num_layers):
         specs.append(TensorSpec(past_key(i), cache_dtype, shape))
         specs.append(TensorSpec(past_value(i), cache_dtype, shape))
     return tuple(specs)
 
 
 def graph_outputs(
-    num_layers: int, kv_heads: int, head_dim: int, vocab_size: int, cache_dtype: str
+    num_layers: int,
+    kv_heads: int,
+    head_dim: int,
+    vocab_size: int,
+    cache_dtype: str,
+    attention: str = "plain",
 ) -> tuple[TensorSpec, ...]:
     specs = [TensorSpec(LOGITS, "float32", (BATCH, SEQ, vocab_size))]
     for i in range(num_layers):
-        shape = (BATCH, SEQ, kv_heads, head_dim)
-        specs.append(TensorSpec(new_key(i), cache_dtype, shape))
-        specs.append(TensorSpec(new_value(i), cache_dtype, shape))
+        if attention == "gqa":
+            shape: tuple[int | str, ...] = (BATCH, kv_heads, CACHE_LEN, head_dim)
+            specs.append(TensorSpec(present_key(i), cache_dtype, shape))
+            specs.append(TensorSpec(present_value(i), cache_dtype, shape))
+        else:
+            shape = (BATCH, SEQ, kv_heads, head_dim)
+            specs.append(TensorSpec(new_key(i), cache_dtype, shape))
+            specs.append(TensorSpec(new_value(i), cache_dtype, shape))
     return tuple(specs)
 
 
@@ -130,12 +175,22 @@ class ModelSpec:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     parity: dict[str, Any] = field(default_factory=dict)
-    variant: str = "plain"  # how the graph was made: "plain", "int4", ...
+    variant: str = "plain"  # how the graph was made: "plain", "fp16", "int8", "int4"
+    attention: str = "plain"  # "plain" (standard ONNX, TensorRT) or "gqa" (ONNX Runtime)
+
+    @property
+    def cache_layout(self) -> tuple[str, ...]:
+        return CACHE_LAYOUTS[self.attention]
+
+    @property
+    def uses_position_ids(self) -> bool:
+        return any(t.name == POSITION_IDS for t in self.inputs)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["inputs"] = [t.to_json() for t in self.inputs]
         data["outputs"] = [t.to_json() for t in self.outputs]
+        data["cache_layout"] = list(self.cache_layout)
         return data
 
     @staticmethod
@@ -163,6 +218,18 @@ class ModelSpec:
             )
         if data["dtype"] not in DTYPES:
             raise ArtifactError(f"{where}: unknown dtype {data['dtype']!r}", "re-export")
+        attention = str(data.get("attention", "plain"))
+        if attention not in ATTENTIONS:
+            raise ArtifactError(
+                f"{where}: attention {attention!r} is not one of {ATTENTIONS}",
+                "upgrade specx, or re-export the artifact with this version",
+            )
+        layout = tuple(data.get("cache_layout", CACHE_LAYOUTS[attention]))
+        if layout != CACHE_LAYOUTS[attention]:
+            raise ArtifactError(
+                f"{where}: cache layout {list(layout)} is not {list(CACHE_LAYOUTS[attention])}",
+                "re-export the artifact with this version of specx",
+            )
         return ModelSpec(
             role=str(data["role"]),
             name=str(data.get("name", data["role"])),
@@ -183,14 +250,19 @@ class ModelSpec:
             outputs=tuple(TensorSpec.from_json(t) for t in data["outputs"]),
             parity=dict(data.get("parity", {})),
             variant=str(data.get("variant", "plain")),
+            attention=attention,
         )
 
     def expected_inputs(self) -> tuple[TensorSpec, ...]:
-        return graph_inputs(self.num_layers, self.kv_heads, self.head_dim, self.dtype)
+        return graph_inputs(
+            self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.attention,
+            self.uses_position_ids,
+        )
 
     def expected_outputs(self) -> tuple[TensorSpec, ...]:
         return graph_outputs(
-            self.num_layers, self.kv_heads, self.head_dim, self.vocab_size, self.dtype
+            self.num_layers, self.kv_heads, self.head_dim, self.vocab_size, self.dtype,
+            self.attention,
         )
 
 
@@ -235,7 +307,6 @@ class Manifest:
             "format_version": self.format_version,
             "pair_id": self.pair_id,
             "max_length": self.max_length,
-            "cache_layout": list(CACHE_LAYOUT),
             "tokenizer": self.tokenizer,
             "tokenizer_vocab_size": self.tokenizer_vocab_size,
             "special_tokens": asdict(self.special_tokens),
@@ -272,11 +343,6 @@ class Manifest:
         if missing:
             raise ArtifactError(
                 f"{where} lacks the field(s) {', '.join(missing)}", "re-export the artifact"
-            )
-        if list(data.get("cache_layout", CACHE_LAYOUT)) != list(CACHE_LAYOUT):
-            raise ArtifactError(
-                f"{where}: cache layout {data['cache_layout']} is not {list(CACHE_LAYOUT)}",
-                "re-export the artifact with this version of specx",
             )
         st = data["special_tokens"]
         special = SpecialTokens(

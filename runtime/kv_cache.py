@@ -1,10 +1,11 @@
 """A preallocated key/value cache whose length is the only truth.
 
-Per layer there is one key and one value buffer of shape [1, capacity, kv_heads, head_dim]
-(the layout of ``contract.CACHE_LAYOUT``). Positions ``0..length-1`` are valid. A model pass binds
-the valid prefix as its ``past`` input and binds its ``new`` outputs to the slots right after it,
-so the buffers are written in place and never copied; rolling back after a rejected draft is
-``truncate(n)``: the stale slots are simply overwritten by the next pass.
+Per layer there is one key and one value buffer, in the layout of the graph's attention variant
+(``contract.CACHE_LAYOUTS``): [1, capacity, kv_heads, head_dim] for plain graphs, whose passes
+bind the valid prefix as ``past`` and the slots right after it as ``new``; [1, kv_heads, capacity,
+head_dim] for gqa graphs, whose attention op reads and writes the whole buffer in place. Positions
+``0..length-1`` are valid either way; the buffers are never copied, and rolling back after a
+rejected draft is ``truncate(n)``: stale slots are overwritten by the next pass.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class KVCache:
         dtype: str = "float32",
         device: str = "cpu",
         device_id: int = 0,
+        layout: str = "plain",
     ) -> None:
         if capacity < 1:
             raise InputError(f"cache capacity must be positive, got {capacity}")
@@ -39,8 +41,13 @@ class KVCache:
         self.np_dtype = NP_DTYPES[dtype]
         self.device = device
         self.device_id = device_id
-        self.slot_bytes = kv_heads * head_dim * np.dtype(self.np_dtype).itemsize  # one position
-        shape = (1, capacity, kv_heads, head_dim)
+        self.layout = layout
+        self.itemsize = np.dtype(self.np_dtype).itemsize
+        self.slot_bytes = kv_heads * head_dim * self.itemsize  # one position, all heads
+        shape = (
+            (1, kv_heads, capacity, head_dim) if layout == "gqa" else (1, capacity, kv_heads, head_dim)
+        )
+        self.shape = shape
         self._arrays: list[np.ndarray] = []
         self._ort_values: list[Any] = []
         self._device_buffers: list[Any] = []
@@ -76,6 +83,7 @@ class KVCache:
         return 2 * self.num_layers * self.capacity * self.slot_bytes
 
     def key_ptr(self, layer: int, position: int = 0) -> int:
+        """Address of `position` in a plain-layout buffer (the base address for gqa)."""
         return self._ptrs[2 * layer] + position * self.slot_bytes
 
     def value_ptr(self, layer: int, position: int = 0) -> int:
@@ -106,13 +114,17 @@ class KVCache:
         return self._read(2 * layer + 1)
 
     def _read(self, index: int) -> np.ndarray:
+        """[length, kv_heads, head_dim] whatever the layout (a copy unless plain on the CPU)."""
         if self._arrays:
-            return self._arrays[index][0, : self._length]
-        if self._device_buffers:
-            out = np.empty((self._length, self.kv_heads, self.head_dim), self.np_dtype)
-            self._device_buffers[index].download(out)
-            return out
-        return self._ort_values[index].numpy()[0, : self._length]
+            full = self._arrays[index]
+        elif self._device_buffers:
+            full = np.empty(self.shape, self.np_dtype)
+            self._device_buffers[index].download(full)
+        else:
+            full = self._ort_values[index].numpy()
+        if self.layout == "gqa":
+            return full[0, :, : self._length].transpose(1, 0, 2)
+        return full[0, : self._length]
 
     def buffer_addresses(self) -> tuple[int, ...]:
         """Base address of every buffer; constant for the cache's lifetime (tests check it)."""

@@ -27,7 +27,12 @@ PROVIDER_ALIASES = {
     "tensorrt": "TensorrtExecutionProvider",
     "trt": "TensorrtExecutionProvider",
 }
-ORT_TYPES = {"tensor(int64)": "int64", "tensor(float)": "float32", "tensor(float16)": "float16"}
+ORT_TYPES = {
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+}
 
 # Prefill runs in chunks of this many tokens: it bounds the logits buffer ([chunk, vocab]) and the
 # attention scratch, and costs nothing in speed at this size.
@@ -155,6 +160,8 @@ class ModelSession:
         self.vocab_size = spec.vocab_size
         self._logits = np.empty((max_chunk, spec.vocab_size), np.float32)
         self._binding = self.session.io_binding()
+        self._bound_cache: KVCache | None = None  # gqa: whose buffers the binding holds
+        self._position_ids = spec.uses_position_ids
         self._cache_np_dtype = NP_DTYPES[spec.dtype]
         self.passes = 0  # forward calls, for stats and tests
 
@@ -167,6 +174,7 @@ class ModelSession:
         other = copy.copy(self)
         other._logits = np.empty_like(self._logits)
         other._binding = self.session.io_binding()
+        other._bound_cache = None
         other.passes = 0
         return other
 
@@ -215,7 +223,10 @@ class ModelSession:
 
     def new_cache(self, capacity: int) -> KVCache:
         s = self.spec
-        return KVCache(s.num_layers, s.kv_heads, s.head_dim, capacity, s.dtype, self.device)
+        return KVCache(
+            s.num_layers, s.kv_heads, s.head_dim, capacity, s.dtype, self.device,
+            layout=s.attention,
+        )
 
     def forward(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
         """Run the new `tokens` ([seq] int64) on top of `cache`; the cache grows by seq.
@@ -232,10 +243,30 @@ class ModelSession:
                 f"cache overflow: {past} cached + {seq} new positions exceed {cache.capacity}"
             )
         ids = np.ascontiguousarray(tokens, dtype=np.int64).reshape(1, seq)
-        positions = np.arange(past, past + seq, dtype=np.int64).reshape(1, seq)
         io = self._binding
         io.bind_cpu_input(contract.INPUT_IDS, ids)
-        io.bind_cpu_input(contract.POSITION_IDS, positions)
+        if self._position_ids:
+            positions = np.arange(past, past + seq, dtype=np.int64).reshape(1, seq)
+            io.bind_cpu_input(contract.POSITION_IDS, positions)
+        if self.spec.attention == "gqa":
+            self._bind_gqa(io, cache, past, seq)
+        else:
+            self._bind_plain(io, cache, past, seq)
+        io.bind_output(
+            contract.LOGITS,
+            "cpu",
+            0,
+            np.float32,
+            [1, seq, self.vocab_size],
+            self._logits.ctypes.data,
+        )
+        self.session.run_with_iobinding(io)
+        cache.advance(seq)
+        self.passes += 1
+        return self._logits[:seq]
+
+    def _bind_plain(self, io: Any, cache: KVCache, past: int, seq: int) -> None:
+        """past = the valid prefix of each buffer; new = the slots right after it."""
         dev, dt = cache.device, self._cache_np_dtype
         past_shape = [1, past, cache.kv_heads, cache.head_dim]
         new_shape = [1, seq, cache.kv_heads, cache.head_dim]
@@ -250,18 +281,22 @@ class ModelSession:
             io.bind_output(
                 contract.new_value(layer), dev, 0, dt, new_shape, cache.value_ptr(layer, past)
             )
-        io.bind_output(
-            contract.LOGITS,
-            "cpu",
-            0,
-            np.float32,
-            [1, seq, self.vocab_size],
-            self._logits.ctypes.data,
-        )
-        self.session.run_with_iobinding(io)
-        cache.advance(seq)
-        self.passes += 1
-        return self._logits[:seq]
+
+    def _bind_gqa(self, io: Any, cache: KVCache, past: int, seq: int) -> None:
+        """past and present = the same full buffer; the lengths say what is valid."""
+        io.bind_cpu_input(contract.SEQLENS_K, np.array([past + seq - 1], dtype=np.int32))
+        io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, np.array(past + seq, dtype=np.int32))
+        if self._bound_cache is cache:
+            return  # the cache buffers are bound already and never move
+        dev, dt, shape = cache.device, self._cache_np_dtype, list(cache.shape)
+        for layer in range(cache.num_layers):
+            for name_in, name_out, ptr in (
+                (contract.past_key(layer), contract.present_key(layer), cache.key_ptr(layer)),
+                (contract.past_value(layer), contract.present_value(layer), cache.value_ptr(layer)),
+            ):
+                io.bind_input(name_in, dev, 0, dt, shape, ptr)
+                io.bind_output(name_out, dev, 0, dt, shape, ptr)
+        self._bound_cache = cache
 
     def prefill(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray | None:
         """Run any number of tokens in chunks; returns a copy of the last logits row (or None)."""

@@ -52,7 +52,12 @@ def tokenizer() -> Any:
 
 
 def _export_tiny(
-    root: Path, tokenizer: Any, arch: str, max_length: int = 128, target_extra_rows: int = 0
+    root: Path,
+    tokenizer: Any,
+    arch: str,
+    max_length: int = 128,
+    target_extra_rows: int = 0,
+    attention: str = "auto",
 ) -> TinyPair:
     import tiny_models
     from specx.exporter import ExportOptions, export_pair
@@ -72,7 +77,7 @@ def _export_tiny(
         str(sources["target"]),
         [f"mixed={sources['mixed']}", f"other={sources['other']}", str(sources["target"])],
         artifact,
-        ExportOptions(max_length=max_length, check_k=4),
+        ExportOptions(max_length=max_length, check_k=4, attention=attention),
         log=lambda _m: None,
     )
     return TinyPair(artifact, target, sources, arch, max_length)
@@ -84,8 +89,21 @@ def llama_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
 
 
 @pytest.fixture(scope="session")
+def llama_plain_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
+    """The llama pair with plain-ONNX attention (the TensorRT graph), run by ONNX Runtime."""
+    return _export_tiny(tmp_path_factory.mktemp("llamaplain"), tokenizer, "llama",
+                        attention="plain")
+
+
+@pytest.fixture(scope="session")
 def gpt2_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
-    return _export_tiny(tmp_path_factory.mktemp("gpt2"), tokenizer, "gpt2")
+    """GPT-2 with plain attention (the other architectures default to gqa)."""
+    return _export_tiny(tmp_path_factory.mktemp("gpt2"), tokenizer, "gpt2", attention="plain")
+
+
+@pytest.fixture(scope="session")
+def gpt2_gqa_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
+    return _export_tiny(tmp_path_factory.mktemp("gpt2gqa"), tokenizer, "gpt2", attention="gqa")
 
 
 @pytest.fixture(scope="session")

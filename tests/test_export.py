@@ -21,34 +21,52 @@ def quiet(_message: str) -> None:
     pass
 
 
-def test_graph_inputs_and_outputs_follow_the_runtime_contract(llama_pair: TinyPair) -> None:
+@pytest.mark.parametrize(
+    ("pair_name", "attention", "past_shape"),
+    [
+        ("llama_pair", "gqa", ("batch", 2, "cache_len", 16)),
+        ("llama_plain_pair", "plain", ("batch", "past_len", 2, 16)),
+        ("gpt2_gqa_pair", "gqa", ("batch", 4, "cache_len", 16)),
+    ],
+)
+def test_graph_inputs_and_outputs_follow_the_runtime_contract(
+    request: pytest.FixtureRequest, pair_name: str, attention: str, past_shape: tuple[Any, ...]
+) -> None:
     import onnx
 
-    manifest = Manifest.read(llama_pair.artifact)
+    pair: TinyPair = request.getfixturevalue(pair_name)
+    manifest = Manifest.read(pair.artifact)
     spec = manifest.target
-    graph = onnx.load(str(llama_pair.artifact / spec.graph), load_external_data=False).graph
+    graph = onnx.load(str(pair.artifact / spec.graph), load_external_data=False).graph
 
     def shape(value: Any) -> list[Any]:
         dims = value.type.tensor_type.shape.dim
         return [d.dim_param or d.dim_value for d in dims]
 
+    assert spec.attention == attention
     assert [i.name for i in graph.input] == [t.name for t in spec.inputs]
     assert [o.name for o in graph.output] == [t.name for t in spec.outputs]
+    positions = attention == "plain" or pair.arch == "gpt2"
     assert spec.inputs == contract.graph_inputs(
-        spec.num_layers, spec.kv_heads, spec.head_dim, "float32"
+        spec.num_layers, spec.kv_heads, spec.head_dim, "float32", attention, positions
+    )
+    assert spec.outputs == contract.graph_outputs(
+        spec.num_layers, spec.kv_heads, spec.head_dim, spec.vocab_size, "float32", attention
     )
     for value, t in zip(graph.input, spec.inputs, strict=True):
         assert shape(value) == list(t.shape)
     for value, t in zip(graph.output, spec.outputs, strict=True):
         assert shape(value) == list(t.shape)
-    assert spec.inputs[2].shape == ("batch", "past_len", spec.kv_heads, spec.head_dim)
+    past = next(t for t in spec.inputs if t.name == "past_key.0")
+    assert past.shape == past_shape
     assert spec.outputs[0].shape == ("batch", "seq", spec.vocab_size)
 
 
 def test_manifest_records_parity_and_what_a_runtime_needs(llama_pair: TinyPair) -> None:
     data = json.loads((llama_pair.artifact / "manifest.json").read_text())
     assert data["format_version"] == contract.FORMAT_VERSION
-    assert data["cache_layout"] == list(contract.CACHE_LAYOUT)
+    assert data["target"]["attention"] == "gqa"
+    assert data["target"]["cache_layout"] == list(contract.CACHE_LAYOUTS["gqa"])
     assert [d["name"] for d in data["drafts"]] == ["mixed", "other", "self"]
     for spec in [data["target"], *data["drafts"]]:
         parity = spec["parity"]

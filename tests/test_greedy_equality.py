@@ -94,7 +94,10 @@ def test_drafters_span_always_never_and_sometimes_accepted(llama_pair: TinyPair)
     assert 0.2 < rates["mixed"] < 1.0
 
 
-@pytest.mark.parametrize("pair_name", ["gpt2_pair", "qwen2_padded_pair", "mistral_pair"])
+@pytest.mark.parametrize(
+    "pair_name",
+    ["gpt2_pair", "gpt2_gqa_pair", "qwen2_padded_pair", "mistral_pair", "llama_plain_pair"],
+)
 @pytest.mark.parametrize("k", [1, 4])
 def test_speculative_greedy_matches_transformers_generate_for_other_architectures(
     request: pytest.FixtureRequest, pair_name: str, k: int

@@ -30,7 +30,11 @@ def test_overflow_and_bad_truncation_are_refused() -> None:
 
 
 @needs_exporter
-def test_a_pass_writes_new_keys_in_place_after_the_past(llama_pair: TinyPair) -> None:
+@pytest.mark.parametrize("pair_name", ["llama_pair", "llama_plain_pair"])
+def test_a_pass_writes_new_keys_in_place_after_the_past(
+    request: pytest.FixtureRequest, pair_name: str
+) -> None:
+    llama_pair: TinyPair = request.getfixturevalue(pair_name)
     manifest = Manifest.read(llama_pair.artifact)
     session = ModelSession(llama_pair.artifact / "target.onnx", manifest.target)
     cache = session.new_cache(32)
@@ -51,9 +55,11 @@ def test_a_pass_writes_new_keys_in_place_after_the_past(llama_pair: TinyPair) ->
 
 
 @needs_exporter
+@pytest.mark.parametrize("pair_name", ["llama_pair", "llama_plain_pair"])
 def test_rollback_then_rewrite_equals_a_cache_that_never_saw_the_rejected_tokens(
-    llama_pair: TinyPair,
+    request: pytest.FixtureRequest, pair_name: str
 ) -> None:
+    llama_pair: TinyPair = request.getfixturevalue(pair_name)
     manifest = Manifest.read(llama_pair.artifact)
     session = ModelSession(llama_pair.artifact / "target.onnx", manifest.target)
     cache = session.new_cache(32)
