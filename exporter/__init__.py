@@ -210,11 +210,21 @@ def _export_into(
         attention = options.attention
         dims = model_dims(src)
         if attention == "gqa" and dims["head_dim"] % 16:
-            log(f"  {role}: head_dim {dims['head_dim']} is not a multiple of 16, which "
-                "GroupQueryAttention needs; exporting plain attention")
+            log(
+                f"  {role}: head_dim {dims['head_dim']} is not a multiple of 16, which "
+                "GroupQueryAttention needs; exporting plain attention"
+            )
             attention = "plain"
         spec = export_graph(
-            src, folder, role, graph, options.max_length, pair_id, options.opset, log, precision,
+            src,
+            folder,
+            role,
+            graph,
+            options.max_length,
+            pair_id,
+            options.opset,
+            log,
+            precision,
             attention,
         )
         timings[f"{graph}_export_s"] = time.perf_counter() - t0

@@ -1,29 +1,18 @@
 """Choosing K per step from what the run has seen (`-k auto`).
 
-Leviathan et al. 2023 (eq. 1): with per-token acceptance rate alpha, a proposal of K tokens
-yields on average (1 - alpha^(K+1)) / (1 - alpha) tokens. Its cost is K draft passes plus one
-target pass over K + 1 tokens. The policy estimates all three from the run itself (decayed sums,
-so it follows a text whose predictability changes) and picks the K in 0..max_k with the most
-expected tokens per second. A short run of K = 0 is followed by a K = 1 probe, so a drafter
-that starts to agree again is noticed.
+Expected tokens from a proposal of K: 1 + sum over j <= K of P(draft tokens 1..j accepted). With
+independent acceptances this is Leviathan et al.'s (1 - alpha^(K+1)) / (1 - alpha); real drafters
+are not independent (an n-gram lookup that matches its first token tends to match a run), so the
+policy estimates the acceptance of each draft position given that the previous ones were accepted,
+from decayed counts, and multiplies them. The cost of a step is K draft passes plus one target pass
+over K + 1 tokens (a line fitted to the measured pass times). The policy takes the K in 0..max_k
+with the most expected tokens per second, tries a neighbouring K now and then to keep the
+estimates honest, and probes K = 1 after a run of K = 0.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from specx.runtime.generate import KPolicy, StepResult
-
-
-@dataclass
-class _Decayed:
-    """An exponentially decayed sum."""
-
-    value: float
-    decay: float
-
-    def add(self, x: float) -> None:
-        self.value = self.decay * self.value + x
 
 
 class AdaptiveK(KPolicy):
@@ -31,77 +20,83 @@ class AdaptiveK(KPolicy):
         self,
         max_k: int = 8,
         start_k: int = 3,
-        decay: float = 0.92,
-        prior_alpha: float = 0.6,
-        probe_every: int = 8,
+        decay: float = 0.95,
+        prior_accept: float = 0.6,
+        prior_weight: float = 2.0,
+        explore_every: int = 12,
+        probe_every: int = 6,
     ) -> None:
         super().__init__(start_k)
         self.max_k = max_k
+        self.decay = decay
+        self.explore_every = explore_every
         self.probe_every = probe_every
-        # acceptance: maximum likelihood of a geometric model, successes / (successes + failures)
-        self._accepted = _Decayed(4 * prior_alpha, decay)
-        self._rejected = _Decayed(4 * (1 - prior_alpha), decay)
-        # costs (seconds): per draft pass, and a target pass as a + b * width (least squares)
-        self._draft_time = _Decayed(0.0, decay)
-        self._draft_passes = _Decayed(0.0, decay)
-        self._sw = _Decayed(0.0, decay)  # sums for the verify-time line fit
-        self._sx = _Decayed(0.0, decay)
-        self._sy = _Decayed(0.0, decay)
-        self._sxx = _Decayed(0.0, decay)
-        self._sxy = _Decayed(0.0, decay)
+        # reached[i]: proposals whose position i was verified (all earlier ones accepted);
+        # accepted[i]: of those, how many were accepted at position i. Decayed counts.
+        self.reached = [prior_weight] * max_k
+        self.accepted = [prior_weight * prior_accept] * max_k
+        # costs in seconds: a draft pass; target passes as a line over the verify width
+        self.draft_pass_s = 0.0
+        self._fit = [0.0] * 5  # decayed sums: n, sum w, sum t, sum w*w, sum w*t
+        self._steps = 0
         self._zero_streak = 0
         self.history: list[int] = []
 
-    @property
-    def alpha(self) -> float:
-        a, r = self._accepted.value, self._rejected.value
-        return min(0.99, max(0.01, a / (a + r)))
+    def acceptance(self, position: int) -> float:
+        """P(draft token at `position` (0-based) accepted | the earlier ones were)."""
+        return self.accepted[position] / self.reached[position]
 
-    def _verify_cost(self, width: int) -> float:
-        n = self._sw.value
+    def expected_tokens(self, k: int) -> float:
+        total, chain = 1.0, 1.0
+        for i in range(k):
+            chain *= self.acceptance(i)
+            total += chain
+        return total
+
+    def verify_s(self, width: int) -> float:
+        n, sw, st, sww, swt = self._fit
         if n < 1e-9:
-            return 1.0  # no measurement yet: only ratios matter, assume flat
-        mean_x, mean_y = self._sx.value / n, self._sy.value / n
-        var = self._sxx.value / n - mean_x * mean_x
-        slope = (self._sxy.value / n - mean_x * mean_y) / var if var > 1e-9 else 0.0
-        slope = max(0.0, slope)
-        return max(1e-6, mean_y + slope * (width - mean_x))
-
-    def _draft_cost(self) -> float:
-        passes = self._draft_passes.value
-        return self._draft_time.value / passes if passes > 1e-9 else 0.0
+            return 1.0
+        mean_w, mean_t = sw / n, st / n
+        var = sww / n - mean_w * mean_w
+        # Without spread in the widths seen yet, assume 5% more per extra token (what memory-
+        # bound CPUs and GPUs measure: 5 tokens cost 1.1-1.25x one).
+        slope = (swt / n - mean_w * mean_t) / var if var > 0.25 else 0.05 * mean_t / mean_w
+        return max(1e-6, mean_t + max(0.0, slope) * (width - mean_w))
 
     def expected_rate(self, k: int) -> float:
         """Expected tokens per second for K = k under the current estimates."""
-        alpha = self.alpha
-        tokens = (1 - alpha ** (k + 1)) / (1 - alpha)
-        return tokens / (k * self._draft_cost() + self._verify_cost(k + 1))
+        return self.expected_tokens(k) / (k * self.draft_pass_s + self.verify_s(k + 1))
 
     def next_k(self) -> int:
-        if self._sw.value < 1e-9:
-            k = self.k  # first step: nothing measured yet
+        if self._steps == 0:
+            k = self.k
         elif self._zero_streak >= self.probe_every:
             k = 1
         else:
             k = max(range(self.max_k + 1), key=self.expected_rate)
+            if self._steps % self.explore_every == 0 and k > 0:
+                k = min(self.max_k, k + 1)  # look one further: is the next position worth it?
         self.history.append(k)
         return k
 
     def observe(self, step: StepResult) -> None:
+        self._steps += 1
+        d = self.decay
         width = step.proposed + 1
-        for acc in (self._sw, self._sx, self._sy, self._sxx, self._sxy):
-            acc.decay = self._accepted.decay
-        self._sw.add(1.0)
-        self._sx.add(width)
-        self._sy.add(step.verify_s)
-        self._sxx.add(width * width)
-        self._sxy.add(width * step.verify_s)
-        if step.draft_passes:
-            self._draft_time.add(step.draft_s)
-            self._draft_passes.add(step.draft_passes)
-        if step.proposed:
-            self._accepted.add(step.accepted)
-            self._rejected.add(1.0 if step.accepted < step.proposed else 0.0)
-            self._zero_streak = 0
-        else:
+        for i, x in enumerate((1.0, width, step.verify_s, width * width, width * step.verify_s)):
+            self._fit[i] = d * self._fit[i] + x
+        if step.draft_passes and step.catchup <= 2:  # a long catch-up pass is not a draft pass
+            per_pass = step.draft_s / step.draft_passes
+            weight = 0.3 if self.draft_pass_s else 1.0
+            self.draft_pass_s = (1 - weight) * self.draft_pass_s + weight * per_pass
+        elif not step.draft_passes and step.proposed:  # lookup drafters: their time per token
+            self.draft_pass_s = 0.7 * self.draft_pass_s + 0.3 * step.draft_s / step.proposed
+        if not step.proposed:
             self._zero_streak += 1
+            return
+        self._zero_streak = 0
+        verified = min(step.proposed, step.accepted + 1)  # positions the target judged
+        for i in range(verified):
+            self.reached[i] = d * self.reached[i] + 1.0
+            self.accepted[i] = d * self.accepted[i] + (1.0 if i < step.accepted else 0.0)

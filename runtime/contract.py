@@ -255,13 +255,21 @@ class ModelSpec:
 
     def expected_inputs(self) -> tuple[TensorSpec, ...]:
         return graph_inputs(
-            self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.attention,
+            self.num_layers,
+            self.kv_heads,
+            self.head_dim,
+            self.dtype,
+            self.attention,
             self.uses_position_ids,
         )
 
     def expected_outputs(self) -> tuple[TensorSpec, ...]:
         return graph_outputs(
-            self.num_layers, self.kv_heads, self.head_dim, self.vocab_size, self.dtype,
+            self.num_layers,
+            self.kv_heads,
+            self.head_dim,
+            self.vocab_size,
+            self.dtype,
             self.attention,
         )
 

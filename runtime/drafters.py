@@ -76,6 +76,7 @@ class ModelDrafter:
         self._rng = np.random.default_rng(0)
         self._context_len = 0
         self._fed_from_proposal = 0
+        self.last_catchup = 0
 
     def _input(self, tokens: np.ndarray) -> np.ndarray:
         # A target padding-row id (possible only with untrained targets) is not a valid draft
@@ -113,6 +114,7 @@ class ModelDrafter:
         if k <= 0:
             return Proposal(EMPTY, None)
         pending = context[self.cache.length :]  # committed tokens the draft has not seen
+        self.last_catchup = int(pending.shape[0])
         logits = self.session.prefill(self._input(pending), self.cache)
         self.model_passes += -(-pending.shape[0] // self.session.max_chunk)
         assert logits is not None

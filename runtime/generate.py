@@ -30,6 +30,7 @@ class StepResult:
     draft_s: float = 0.0
     verify_s: float = 0.0
     draft_passes: int = 0
+    catchup: int = 0  # committed tokens the drafter had to feed before drafting
 
 
 def speculative_step(
@@ -66,8 +67,9 @@ def speculative_step(
     stats.record_step(int(draft_tokens.shape[0]), n_accepted, k)
     tokens = np.append(draft_tokens[:n_accepted], np.int64(next_token))
     draft_passes = drafter.model_passes - passes_before if drafter is not None else 0
+    catchup = int(getattr(drafter, "last_catchup", 0))
     return StepResult(
-        tokens, int(draft_tokens.shape[0]), n_accepted, t1 - t0, t2 - t1, draft_passes
+        tokens, int(draft_tokens.shape[0]), n_accepted, t1 - t0, t2 - t1, draft_passes, catchup
     )
 
 

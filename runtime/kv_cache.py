@@ -45,7 +45,9 @@ class KVCache:
         self.itemsize = np.dtype(self.np_dtype).itemsize
         self.slot_bytes = kv_heads * head_dim * self.itemsize  # one position, all heads
         shape = (
-            (1, kv_heads, capacity, head_dim) if layout == "gqa" else (1, capacity, kv_heads, head_dim)
+            (1, kv_heads, capacity, head_dim)
+            if layout == "gqa"
+            else (1, capacity, kv_heads, head_dim)
         )
         self.shape = shape
         self._arrays: list[np.ndarray] = []

@@ -224,7 +224,12 @@ class ModelSession:
     def new_cache(self, capacity: int) -> KVCache:
         s = self.spec
         return KVCache(
-            s.num_layers, s.kv_heads, s.head_dim, capacity, s.dtype, self.device,
+            s.num_layers,
+            s.kv_heads,
+            s.head_dim,
+            capacity,
+            s.dtype,
+            self.device,
             layout=s.attention,
         )
 

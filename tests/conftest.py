@@ -91,8 +91,9 @@ def llama_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
 @pytest.fixture(scope="session")
 def llama_plain_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
     """The llama pair with plain-ONNX attention (the TensorRT graph), run by ONNX Runtime."""
-    return _export_tiny(tmp_path_factory.mktemp("llamaplain"), tokenizer, "llama",
-                        attention="plain")
+    return _export_tiny(
+        tmp_path_factory.mktemp("llamaplain"), tokenizer, "llama", attention="plain"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -61,7 +61,7 @@ def test_ngram_lookup_handles_long_contexts_quickly() -> None:
 
 
 def step(proposed: int, accepted: int, draft_s: float = 0.01, verify_s: float = 0.03) -> StepResult:
-    return StepResult(ids(0), proposed, accepted, draft_s * proposed, verify_s, proposed)
+    return StepResult(ids(0), proposed, accepted, draft_s * proposed, verify_s, proposed, 1)
 
 
 def test_adaptive_k_grows_on_an_all_accept_streak_and_stays_in_bounds() -> None:
@@ -72,7 +72,7 @@ def test_adaptive_k_grows_on_an_all_accept_streak_and_stays_in_bounds() -> None:
         ks.append(k)
         policy.observe(step(k, k, draft_s=0.003, verify_s=0.03 + 0.001 * k))
     assert all(0 <= k <= 6 for k in ks)
-    assert ks[-1] == 6 and policy.alpha > 0.9
+    assert ks[-1] == 6 and policy.acceptance(0) > 0.9
 
 
 def test_adaptive_k_shrinks_on_an_all_reject_streak_and_probes_again() -> None:
@@ -164,3 +164,16 @@ def test_quantized_drafts_are_exported_checked_and_keep_greedy_equality(
         result = pipe.generate(prompt, max_new_tokens=40, k=3, drafter=name)
         assert result.token_ids == want, name
     assert pipe.generate(prompt, max_new_tokens=40, k=3, drafter="int8").stats.accepted > 0
+
+
+def test_adaptive_k_learns_correlated_acceptance_and_drafts_long_runs() -> None:
+    """An n-gram-like drafter: the first token is often wrong, but a run that starts right goes
+    on (independent-acceptance models would pick a short K here)."""
+    policy = AdaptiveK(max_k=8, start_k=2)
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        k = policy.next_k()
+        accepted = k if (k and rng.random() < 0.4) else 0
+        policy.observe(StepResult(ids(0), k, accepted, 1e-5 * k, 0.03 + 0.0005 * k, 0, 0))
+    assert policy.acceptance(0) < 0.6 and policy.acceptance(2) > 0.9
+    assert policy.next_k() >= 6
