@@ -172,7 +172,7 @@ def derive_quantized_draft(
     )
     calibration = tokens[: min(256, target.max_length)]
     quality: dict[str, Any] = dict(argmax_agreement(folder, target, spec, calibration))
-    quality.update(kind="quantized", tokens=int(len(calibration)))
+    quality.update(kind="quantized", tokens=len(calibration))
     log(
         f"  {name}: {kind} weights, {nbytes / 1e6:.0f} MB, made in {time.perf_counter() - t0:.1f}"
         f" s; argmax agrees with the target on {100 * quality['argmax_agreement']:.0f}% of a "

@@ -7,7 +7,7 @@ policy estimates the acceptance of each draft position given that the previous o
 from decayed counts, and multiplies them. The cost of a step is K draft passes plus one target pass
 over K + 1 tokens (a line fitted to the measured pass times). The policy takes the K in 0..max_k
 with the most expected tokens per second, tries a neighbouring K now and then to keep the
-estimates honest, and probes K = 1 after a run of K = 0.
+estimates honest, and probes K = 2 after a run of K = 0.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ class AdaptiveK(KPolicy):
         start_k: int = 3,
         decay: float = 0.95,
         prior_accept: float = 0.6,
-        prior_weight: float = 2.0,
-        explore_every: int = 12,
-        probe_every: int = 6,
+        prior_weight: float = 4.0,
+        explore_every: int = 8,
+        probe_every: int = 4,
     ) -> None:
         super().__init__(start_k)
         self.max_k = max_k
@@ -33,8 +33,10 @@ class AdaptiveK(KPolicy):
         self.probe_every = probe_every
         # reached[i]: proposals whose position i was verified (all earlier ones accepted);
         # accepted[i]: of those, how many were accepted at position i. Decayed counts.
-        self.reached = [prior_weight] * max_k
-        self.accepted = [prior_weight * prior_accept] * max_k
+        self.reached = [0.0] * max_k
+        self.accepted = [0.0] * max_k
+        self.prior_accept = prior_accept
+        self.prior_weight = prior_weight
         # costs in seconds: a draft pass; target passes as a line over the verify width
         self.draft_pass_s = 0.0
         self._fit = [0.0] * 5  # decayed sums: n, sum w, sum t, sum w*w, sum w*t
@@ -42,9 +44,31 @@ class AdaptiveK(KPolicy):
         self._zero_streak = 0
         self.history: list[int] = []
 
+    def inherit(self, previous: AdaptiveK, keep: float = 0.5) -> None:
+        """Start from what an earlier generation with the same drafter learned (its counts
+        weighted by `keep`): a pipeline's later requests need no warm-up, and a few unlucky
+        first steps cannot talk the policy out of drafting."""
+        self.reached = [keep * r for r in previous.reached[: self.max_k]]
+        self.accepted = [keep * a for a in previous.accepted[: self.max_k]]
+        while len(self.reached) < self.max_k:
+            self.reached.append(0.0)
+            self.accepted.append(0.0)
+        self.draft_pass_s = previous.draft_pass_s
+        self._fit = [keep * x for x in previous._fit]
+        if previous._steps:
+            self._steps = 1  # measured costs exist: choose K from the first step
+            self.k = max(range(self.max_k + 1), key=self.expected_rate)
+
     def acceptance(self, position: int) -> float:
-        """P(draft token at `position` (0-based) accepted | the earlier ones were)."""
-        return self.accepted[position] / self.reached[position]
+        """P(draft token at `position` (0-based) accepted | the earlier ones were).
+
+        Each position's estimate is shrunk toward the previous position's (and the first toward
+        `prior_accept`), so that positions rarely reached borrow what is known: acceptance given
+        a run of accepted tokens is seldom lower than before it."""
+        p = self.prior_accept
+        for i in range(position + 1):
+            p = (self.accepted[i] + self.prior_weight * p) / (self.reached[i] + self.prior_weight)
+        return p
 
     def expected_tokens(self, k: int) -> float:
         total, chain = 1.0, 1.0
@@ -72,7 +96,7 @@ class AdaptiveK(KPolicy):
         if self._steps == 0:
             k = self.k
         elif self._zero_streak >= self.probe_every:
-            k = 1
+            k = min(2, self.max_k)  # a probe: has the drafter started to agree again?
         else:
             k = max(range(self.max_k + 1), key=self.expected_rate)
             if self._steps % self.explore_every == 0 and k > 0:
@@ -86,10 +110,15 @@ class AdaptiveK(KPolicy):
         width = step.proposed + 1
         for i, x in enumerate((1.0, width, step.verify_s, width * width, width * step.verify_s)):
             self._fit[i] = d * self._fit[i] + x
-        if step.draft_passes and step.catchup <= 2:  # a long catch-up pass is not a draft pass
+        if step.draft_passes:
             per_pass = step.draft_s / step.draft_passes
-            weight = 0.3 if self.draft_pass_s else 1.0
-            self.draft_pass_s = (1 - weight) * self.draft_pass_s + weight * per_pass
+            if step.catchup <= 2:
+                weight = 0.3 if self.draft_pass_s else 1.0
+                self.draft_pass_s = (1 - weight) * self.draft_pass_s + weight * per_pass
+            elif self.draft_pass_s == 0.0 or per_pass < self.draft_pass_s:
+                # a pass that also caught up several tokens costs at least a one-token pass:
+                # an upper bound, which corrects an estimate inflated by a slow first step
+                self.draft_pass_s = per_pass
         elif not step.draft_passes and step.proposed:  # lookup drafters: their time per token
             self.draft_pass_s = 0.7 * self.draft_pass_s + 0.3 * step.draft_s / step.proposed
         if not step.proposed:

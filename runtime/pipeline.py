@@ -119,6 +119,7 @@ class Pipeline:
         self._drafts: dict[str, ModelSession] = {}
         self._pool: dict[str, list[_Workspace]] = {}
         self._lock = threading.Lock()
+        self._learned: dict[str, AdaptiveK] = {}  # -k auto: what each drafter's runs taught
 
     @classmethod
     def load(
@@ -262,7 +263,12 @@ class Pipeline:
             if name == "none":
                 raise InputError("-k auto needs a drafter", "pass --draft NAME (or ngram)")
             max_k = min(max_k, limit)
-            return AdaptiveK(max_k=max_k), max_k, name
+            policy = AdaptiveK(max_k=max_k)
+            with self._lock:
+                previous = self._learned.get(name)
+            if previous is not None:
+                policy.inherit(previous)
+            return policy, max_k, name
         if isinstance(k, str):
             try:
                 k = int(k)
@@ -376,6 +382,9 @@ class Pipeline:
             if not result.finished:
                 result.text += decoder.flush()
                 result.stats.stop_reason = result.stats.stop_reason or "interrupted"
+            if isinstance(policy, AdaptiveK) and policy.history:
+                with self._lock:
+                    self._learned[drafter_name] = policy
             self._release(workspace)
 
     def generate(

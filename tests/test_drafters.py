@@ -82,8 +82,8 @@ def test_adaptive_k_shrinks_on_an_all_reject_streak_and_probes_again() -> None:
         k = policy.next_k()
         ks.append(k)
         policy.observe(step(k, 0, draft_s=0.02, verify_s=0.03))
-    assert 0 in ks[5:] and max(ks[20:]) <= 1
-    assert 1 in ks[20:]  # a probe after a run of K = 0
+    assert 0 in ks[5:] and ks[20:].count(0) >= 12  # mostly the target alone
+    assert 2 in ks[20:]  # a probe after a run of K = 0
 
 
 def test_adaptive_k_prefers_small_k_for_an_expensive_draft() -> None:
@@ -177,3 +177,25 @@ def test_adaptive_k_learns_correlated_acceptance_and_drafts_long_runs() -> None:
         policy.observe(StepResult(ids(0), k, accepted, 1e-5 * k, 0.03 + 0.0005 * k, 0, 0))
     assert policy.acceptance(0) < 0.6 and policy.acceptance(2) > 0.9
     assert policy.next_k() >= 6
+
+
+def test_adaptive_k_inherits_what_an_earlier_generation_learned() -> None:
+    learned = AdaptiveK(max_k=6)
+    for _ in range(30):
+        k = learned.next_k()
+        learned.observe(step(k, k, draft_s=0.002, verify_s=0.03))
+    fresh = AdaptiveK(max_k=6)
+    assert fresh.next_k() == 3  # nothing known: the default start
+    warm = AdaptiveK(max_k=6)
+    warm.inherit(learned)
+    assert warm.next_k() == 6  # cheap, always-accepted drafts: the longest K from step one
+
+
+@needs_exporter
+def test_a_pipeline_keeps_the_adaptive_policy_per_drafter(llama_pair: TinyPair) -> None:
+    pipe = Pipeline.load(llama_pair.artifact)
+    prompt = np.array([20, 30, 40, 50, 60], dtype=np.int64)
+    first = pipe.generate(prompt, max_new_tokens=40, k="auto", drafter="mixed")
+    assert "mixed" in pipe._learned and pipe._learned["mixed"].history
+    second = pipe.generate(prompt, max_new_tokens=40, k="auto", drafter="mixed")
+    assert second.token_ids == first.token_ids

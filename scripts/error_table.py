@@ -1,0 +1,246 @@
+"""Run every bad input through the real CLI and write docs/errors.md: what the user sees.
+
+    .venv/bin/python scripts/error_table.py [docs/errors.md]
+
+Builds tiny models in a temporary folder (no network), breaks artifacts and inputs on purpose,
+runs `specx` in a subprocess for each case, and records the exit code and the message. The table
+is generated, not written by hand: rerun it after changing a message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def specx(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "specx.runtime.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def message(proc: subprocess.CompletedProcess[str]) -> str:
+    lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+    picked = [ln for ln in lines if ln.startswith(("error:", "fix:", "note:"))]
+    text = " / ".join(picked) if picked else (lines[-1] if lines else "(nothing)")
+    if "Traceback" in proc.stderr:
+        text += " [TRACEBACK]"
+    return text.replace("|", "\\|")
+
+
+def main() -> int:
+    import tiny_models
+    from specx.exporter import ExportOptions, export_pair
+
+    out_path = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "errors.md"
+    rows: list[tuple[str, str, int, str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        tok = tiny_models.build_tokenizer()
+        target = tiny_models.save(
+            tiny_models.build_model("llama", tok.get_vocab_size(), 1), tok, root / "target"
+        )
+        other_tok = tiny_models.build_tokenizer(300)
+        foreign = tiny_models.save(
+            tiny_models.build_model("llama", other_tok.get_vocab_size(), 2),
+            other_tok,
+            root / "foreign",
+        )
+        from transformers import BertConfig, OPTConfig
+
+        OPTConfig(
+            vocab_size=50, hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2
+        ).save_pretrained(root / "opt")
+        BertConfig(
+            vocab_size=50,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            architectures=["BertForMaskedLM"],
+        ).save_pretrained(root / "bert")
+        art = root / "artifact"
+        export_pair(
+            str(target), [f"mixed={target}"], art, ExportOptions(max_length=64), log=lambda _m: None
+        )
+
+        def case(kind: str, what: str, *args: str) -> None:
+            proc = specx(*args)
+            rows.append((kind, what, proc.returncode, message(proc)))
+
+        def broken(change: str) -> Path:
+            folder = root / f"broken-{len(rows)}"
+            shutil.copytree(art, folder)
+            if change == "no-graph":
+                (folder / "target.onnx").unlink()
+            elif change == "no-tokenizer":
+                (folder / "tokenizer.json").unlink()
+            elif change == "truncated":
+                data = (folder / "target.onnx").read_bytes()
+                (folder / "target.onnx").write_bytes(data[: len(data) // 3])
+            elif change in ("newer", "missing-field", "io"):
+                manifest = json.loads((folder / "manifest.json").read_text())
+                if change == "newer":
+                    manifest["format_version"] = 7
+                elif change == "missing-field":
+                    manifest.pop("pair_id")
+                else:
+                    manifest["target"]["num_layers"] += 1
+                (folder / "manifest.json").write_text(json.dumps(manifest))
+            elif change == "mixed":
+                other = root / "other-export"
+                export_pair(
+                    str(target), [], other, ExportOptions(max_length=64), log=lambda _m: None
+                )
+                shutil.copy(other / "target.onnx", folder / "target.onnx")
+            return folder
+
+        exp = ("export", "--target")
+        case("export", "missing model path", *exp, str(root / "nope"), "-o", str(root / "o1"))
+        case("export", "folder without config.json", *exp, str(root), "-o", str(root / "o2"))
+        case("export", "not a causal LM (BERT)", *exp, str(root / "bert"), "-o", str(root / "o3"))
+        case(
+            "export",
+            "unsupported architecture (OPT)",
+            *exp,
+            str(root / "opt"),
+            "-o",
+            str(root / "o4"),
+        )
+        case(
+            "export",
+            "draft with another tokenizer",
+            *exp,
+            str(target),
+            "--draft",
+            str(foreign),
+            "-o",
+            str(root / "o5"),
+        )
+        case("export", "output folder exists", *exp, str(target), "-o", str(art))
+        case(
+            "export",
+            "unknown profile",
+            *exp,
+            str(target),
+            "--profile",
+            "tpu",
+            "-o",
+            str(root / "o6"),
+        )
+        case(
+            "export",
+            "context above the model's limit (profile cpu, 2048 > 256)",
+            *exp,
+            str(target),
+            "--profile",
+            "cpu",
+            "-o",
+            str(root / "o7"),
+        )
+        case(
+            "export",
+            "--engines without TensorRT",
+            *exp,
+            str(target),
+            "--profile",
+            "gpu-datacenter",
+            "--engines",
+            "-o",
+            str(root / "o8"),
+        )
+        run = ("run",)
+        case("artifact", "missing folder", *run, str(root / "none"), "-p", "hi")
+        case("artifact", "graph file missing", *run, str(broken("no-graph")), "-p", "hi")
+        case("artifact", "tokenizer missing", *run, str(broken("no-tokenizer")), "-p", "hi")
+        case("artifact", "truncated .onnx", *run, str(broken("truncated")), "-p", "hi")
+        case("artifact", "manifest from a newer format", *run, str(broken("newer")), "-p", "hi")
+        case("artifact", "manifest field missing", *run, str(broken("missing-field")), "-p", "hi")
+        case("artifact", "graph I/O differ from the manifest", *run, str(broken("io")), "-p", "hi")
+        case("artifact", "graph from another export", *run, str(broken("mixed")), "-p", "hi")
+        a = str(art)
+        case("run", "empty prompt", *run, a, "-p", "  ")
+        case("run", "prompt longer than the context", *run, a, "-p", "The cat sat. " * 40)
+        case(
+            "run", "max-new-tokens past the cache", *run, a, "-p", "The cat", "-n", "500", "-k", "0"
+        )
+        case("run", "K out of range", *run, a, "-p", "hi", "-k", "40")
+        case("run", "K not a number", *run, a, "-p", "hi", "-k", "lots")
+        case("run", "negative temperature", *run, a, "-p", "hi", "--temperature", "-1")
+        case("run", "top-p outside (0, 1]", *run, a, "-p", "hi", "--top-p", "1.5")
+        case("run", "top-k < 0", *run, a, "-p", "hi", "--top-k", "-3")
+        case("run", "unknown drafter", *run, a, "-p", "hi", "--draft", "turbo")
+        bad = root / "latin1.txt"
+        bad.write_bytes(b"caf\xe9")
+        case("run", "prompt file not UTF-8", *run, a, "--prompt-file", str(bad))
+        case("run", "CUDA asked for, not installed", *run, a, "-p", "hi", "--provider", "cuda")
+        # Ctrl-C during a generation
+        long_art = root / "long"
+        export_pair(str(target), [], long_art, ExportOptions(max_length=256), log=lambda _m: None)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "specx.runtime.cli",
+                "run",
+                str(long_art),
+                "-p",
+                "The cat",
+                "-n",
+                "250",
+                "-k",
+                "0",
+                "--threads",
+                "1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(0.2)
+        while proc.poll() is None and proc.stdout is not None and not proc.stdout.read(1):
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        rows.append(
+            (
+                "run",
+                "Ctrl-C during generation",
+                proc.returncode,
+                message(subprocess.CompletedProcess([], proc.returncode, "", err)),
+            )
+        )
+    lines = [
+        "# Bad input and what the user sees",
+        "",
+        "Generated by `scripts/error_table.py`, which runs each case through the real `specx` "
+        "CLI in a subprocess. Exit code 2 = the user's input, 130 = interrupted; no case prints "
+        "a traceback (`--debug` shows one).",
+        "",
+        "| where | bad input | exit | message |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {k} | {w} | {c} | {m} |" for k, w, c, m in rows]
+    out_path.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out_path} ({len(rows)} cases)")
+    tracebacks = [w for _, w, _, m in rows if "[TRACEBACK]" in m]
+    return 1 if tracebacks else 0
+
+
+if __name__ == "__main__":
+    os.environ.pop("SPECX_THREAD_POOL", None)
+    sys.exit(main())
