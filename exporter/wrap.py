@@ -108,7 +108,7 @@ class _GroupQueryAttention(torch.autograd.Function):
     the shapes right: the tracer records the symbolic, ONNX Runtime computes the real thing)."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         query: torch.Tensor,  # [batch, seq, heads * head_dim]
         key: torch.Tensor,  # [batch, seq, kv_heads * head_dim]
@@ -126,7 +126,7 @@ class _GroupQueryAttention(torch.autograd.Function):
         return torch.zeros_like(query), past_key.clone(), past_value.clone()
 
     @staticmethod
-    def symbolic(  # type: ignore[no-untyped-def]
+    def symbolic(
         g,
         query,
         key,
@@ -175,7 +175,7 @@ def gqa_attention(
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     cos, sin = rotary if rotary is not None else (None, None)
-    return _GroupQueryAttention.apply(  # type: ignore[no-any-return]
+    return _GroupQueryAttention.apply(
         q, k, v, past_k, past_v, seqlens_k, total, cos, sin, heads, kv_heads, scale
     )
 
@@ -261,7 +261,7 @@ class LlamaFamilyGraph(nn.Module):
         *past: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         hidden = self.model.embed_tokens(input_ids)  # [batch, seq, hidden]
-        rotary = (self.cos_cache, self.sin_cache)
+        rotary: tuple[torch.Tensor, torch.Tensor] = (self.cos_cache, self.sin_cache)  # type: ignore[assignment]
         present: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.layers):
             attn = layer.self_attn
