@@ -47,6 +47,9 @@ def user_errors(func: F) -> F:
             _fail(e, debug)
         except (OSError, ValueError, RuntimeError) as e:
             _fail(e, debug)
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted", err=True)
+            sys.exit(130)
 
     return wrapper  # type: ignore[return-value]
 

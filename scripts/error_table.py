@@ -35,7 +35,9 @@ def specx(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[s
 
 def message(proc: subprocess.CompletedProcess[str]) -> str:
     lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
-    picked = [ln for ln in lines if ln.startswith(("error:", "fix:", "note:"))]
+    picked = [
+        ln for ln in lines if ln.startswith(("error:", "fix:", "note:")) or " tokens in " in ln
+    ]
     text = " / ".join(picked) if picked else (lines[-1] if lines else "(nothing)")
     if "Traceback" in proc.stderr:
         text += " [TRACEBACK]"
@@ -189,31 +191,22 @@ def main() -> int:
         case("run", "prompt file not UTF-8", *run, a, "--prompt-file", str(bad))
         case("run", "CUDA asked for, not installed", *run, a, "-p", "hi", "--provider", "cuda")
         # Ctrl-C during a generation
+        long_model = tiny_models.build_model("llama", tok.get_vocab_size(), 1, max_positions=4096)
+        long_src = tiny_models.save(long_model, tok, root / "long-src")
         long_art = root / "long"
-        export_pair(str(target), [], long_art, ExportOptions(max_length=256), log=lambda _m: None)
+        export_pair(
+            str(long_src), [], long_art, ExportOptions(max_length=4096), log=lambda _m: None
+        )
+        command = ["run", str(long_art), "-p", "The cat", "-n", "4000", "-k", "0", "--threads", "1"]
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "specx.runtime.cli",
-                "run",
-                str(long_art),
-                "-p",
-                "The cat",
-                "-n",
-                "250",
-                "-k",
-                "0",
-                "--threads",
-                "1",
-            ],
+            [sys.executable, "-m", "specx.runtime.cli", *command],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        time.sleep(0.2)
-        while proc.poll() is None and proc.stdout is not None and not proc.stdout.read(1):
-            time.sleep(0.01)
+        assert proc.stdout is not None
+        proc.stdout.read(1)  # text is streamed: the first character means generation runs
+        time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
         rows.append(
