@@ -98,6 +98,9 @@ def specx_overall(results: dict[str, Any], config: str) -> float | None:
 
 
 def _peer_lines(results: dict[str, Any]) -> list[str]:
+    """Each peer against the specx configuration that does the same thing, pooled over every
+    workload: generate vs the target alone, prompt lookup vs ngram, an int8/int4 assistant or
+    draft vs specx's int8/int4 draft at the same K."""
     lines = []
     target = specx_overall(results, "target")
     configs = {r["config"] for r in results.get("greedy_records", [])} - {"target"}
@@ -105,18 +108,35 @@ def _peer_lines(results: dict[str, Any]) -> list[str]:
     best = specx_overall(results, best_name) if best_name else None
     lines.append(
         f"specx target alone {_f(target, '.1f')} tok/s; specx best ({best_name}) "
-        f"{_f(best, '.1f')} tok/s (all workloads pooled)"
+        f"{_f(best, '.1f')} tok/s (all workloads pooled, prefill included)"
     )
     for peer, data in results.get("peers", {}).items():
         if "skipped" in data:
             lines.append(f"{peer}: skipped ({data['skipped']})")
             continue
+        k = data.get("assisted_k", 3)
         for variant, r in data.items():
             if not isinstance(r, dict) or "tokens_per_s" not in r:
+                if isinstance(r, dict) and "error" in r:
+                    lines.append(f"{peer} {variant}: failed ({r['error']})")
                 continue
-            ref = target if variant in ("generate", "target") else best
-            ratio = f"specx/{peer} = {ref / r['tokens_per_s']:.2f}" if ref else ""
-            lines.append(f"{peer} {variant:<18}{r['tokens_per_s']:>7.1f} tok/s   {ratio}")
+            if variant in ("generate", "target"):
+                ours = "target"
+            elif variant == "prompt_lookup":
+                ours = f"ngram K={k}"
+            elif variant == "assisted_int8":
+                ours = f"int8 K={k}"
+            elif variant.startswith("int4 K="):
+                ours = variant
+            else:
+                ours = best_name or "target"
+            mine = specx_overall(results, ours)
+            ratio = (
+                f"specx {ours} {mine:.1f} tok/s, ratio {mine / r['tokens_per_s']:.2f}"
+                if mine
+                else ""
+            )
+            lines.append(f"{peer} {variant:<16}{r['tokens_per_s']:>7.1f} tok/s   {ratio}")
     return lines
 
 
