@@ -30,7 +30,10 @@ class Proposal:
 
 class Drafter(Protocol):
     name: str
-    model_passes: int  # draft-model passes so far (0 for a lookup drafter)
+
+    @property
+    def model_passes(self) -> int:
+        """Draft-model passes so far (0 for a lookup drafter)."""
 
     def start(
         self, prompt: np.ndarray, sampling: SamplingParams, rng: np.random.Generator
@@ -184,3 +187,41 @@ class NgramDrafter:
 
     def commit(self, num_accepted: int) -> None:
         """Stateless: the next lookup reads the updated context."""
+
+
+class HybridDrafter:
+    """n-gram lookup first, a draft model when the lookup finds nothing (like "lookahead" plus a
+    draft). Lookups are free and often long on input-grounded or repetitive text; the model covers
+    the rest. The model's cache only catches up when it is used."""
+
+    def __init__(
+        self, lookup: NgramDrafter, model: ModelDrafter, min_match_tokens: int = 2
+    ) -> None:
+        self.name = f"ngram+{model.name}"
+        self.lookup = lookup
+        self.model = model
+        self.min_match_tokens = min_match_tokens
+        self._used_model = False
+
+    @property
+    def model_passes(self) -> int:
+        return self.model.model_passes
+
+    @property
+    def last_catchup(self) -> int:
+        return self.model.last_catchup if self._used_model else 0
+
+    def start(self, prompt: np.ndarray, sampling: SamplingParams, rng: np.random.Generator) -> None:
+        self.lookup.start(prompt, sampling, rng)
+        self.model.start(prompt, sampling, rng)
+
+    def propose(self, context: np.ndarray, k: int) -> Proposal:
+        proposal = self.lookup.propose(context, k)
+        self._used_model = proposal.tokens.shape[0] < min(k, self.min_match_tokens)
+        if self._used_model:
+            proposal = self.model.propose(context, k)
+        return proposal
+
+    def commit(self, num_accepted: int) -> None:
+        if self._used_model:
+            self.model.commit(num_accepted)

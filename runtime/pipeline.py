@@ -18,7 +18,7 @@ import numpy as np
 
 from specx.runtime.adaptive import AdaptiveK
 from specx.runtime.contract import TOKENIZER_FILE, Manifest, ModelSpec
-from specx.runtime.drafters import Drafter, ModelDrafter, NgramDrafter
+from specx.runtime.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from specx.runtime.errors import ArtifactError, InputError
 from specx.runtime.generate import KPolicy, decode_loop
 from specx.runtime.kv_cache import KVCache
@@ -172,8 +172,10 @@ class Pipeline:
     # -- drafters -------------------------------------------------------------------------
     @property
     def drafter_names(self) -> list[str]:
-        """Model drafts of the artifact, then n-gram lookup (always there), then none."""
-        return [d.name for d in self.manifest.drafts] + ["ngram", "none"]
+        """Model drafts of the artifact, n-gram lookup (always there), each model draft behind a
+        lookup (ngram+NAME), then none."""
+        models = [d.name for d in self.manifest.drafts]
+        return [*models, "ngram", *(f"ngram+{m}" for m in models), "none"]
 
     @property
     def default_drafter(self) -> str:
@@ -195,17 +197,22 @@ class Pipeline:
         eos = self.manifest.special_tokens.eos_token_ids
         if drafter_name == "ngram":
             drafter = NgramDrafter(eos_token_ids=eos)
+        elif drafter_name.startswith("ngram+"):
+            model = self._model_drafter(drafter_name.removeprefix("ngram+"))
+            drafter = HybridDrafter(NgramDrafter(eos_token_ids=eos), model)
         elif drafter_name != "none":
-            spec = self.manifest.find_draft(drafter_name)
-            session = self._draft_session(spec).fork()
-            drafter = ModelDrafter(
-                session,
-                self.manifest.max_length,
-                self.manifest.target.vocab_size,
-                self.manifest.special_tokens.eos_token_ids,
-                name=drafter_name,
-            )
+            drafter = self._model_drafter(drafter_name)
         return _Workspace(drafter_name, target, cache, drafter)
+
+    def _model_drafter(self, drafter_name: str) -> ModelDrafter:
+        spec = self.manifest.find_draft(drafter_name)
+        return ModelDrafter(
+            self._draft_session(spec).fork(),
+            self.manifest.max_length,
+            self.manifest.target.vocab_size,
+            self.manifest.special_tokens.eos_token_ids,
+            name=drafter_name,
+        )
 
     def _acquire(self, drafter_name: str) -> _Workspace:
         with self._lock:
@@ -355,6 +362,8 @@ class Pipeline:
         workspace = self._acquire(drafter_name)
         if isinstance(workspace.drafter, ModelDrafter):
             workspace.drafter.min_confidence = draft_p_min
+        elif isinstance(workspace.drafter, HybridDrafter):
+            workspace.drafter.model.min_confidence = draft_p_min
         decoder = self.codec.stream_decoder()
         try:
             for tokens in decode_loop(

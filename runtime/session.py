@@ -80,10 +80,32 @@ def _configure_threads(options: ort.SessionOptions, threads: int | None, alterna
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
 
 
+def _both_runtimes_installed() -> bool:
+    """onnxruntime and onnxruntime-gpu share one module; with both installed, whichever was
+    installed last wins file by file and the GPU providers fail in odd ways."""
+    import importlib.metadata as md
+
+    found = 0
+    for name in ("onnxruntime", "onnxruntime-gpu"):
+        try:
+            md.version(name)
+            found += 1
+        except md.PackageNotFoundError:
+            continue
+    return found == 2
+
+
 def resolve_providers(requested: Sequence[str] | None) -> list[str]:
     """Map user names (cpu, cuda, tensorrt) to ONNX Runtime provider names; check availability."""
     names = list(requested or ["cpu"])
     available = ort.get_available_providers()
+    wants_gpu = any(PROVIDER_ALIASES.get(n.lower(), n) != "CPUExecutionProvider" for n in names)
+    if wants_gpu and _both_runtimes_installed():
+        raise ProviderError(
+            "both onnxruntime and onnxruntime-gpu are installed; they provide the same module",
+            "pip uninstall -y onnxruntime onnxruntime-gpu && pip install onnxruntime-gpu "
+            "(or scripts/setup.sh --gpu)",
+        )
     resolved: list[str] = []
     for name in names:
         full = PROVIDER_ALIASES.get(name.lower(), name)

@@ -3,6 +3,8 @@
 # the runtime, the exporter (torch CPU 2.13.0, transformers, onnx, gguf, accelerate) and the
 # test tools. Safe to run again: pip skips what is already installed.
 #   SPECX_VENV=path   use another environment (default: .venv at the repository root)
+#   --gpu             swap onnxruntime for onnxruntime-gpu (CUDA / TensorRT providers). The two
+#                     packages provide the same module and must never be installed together.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${SPECX_VENV:-$ROOT/.venv}"
@@ -13,4 +15,8 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 # torch first, pinned: its CPU wheel lies on disk; an open range could pull a multi-GB CUDA build.
 "${PIP[@]}" install "torch==2.13.0"
 "${PIP[@]}" install -e "$ROOT[export,dev]"
+if [ "${1:-}" = "--gpu" ]; then
+  "${PIP[@]}" uninstall -y onnxruntime onnxruntime-gpu
+  "${PIP[@]}" install "onnxruntime-gpu>=1.20"
+fi
 echo "environment ready: $VENV" >&2

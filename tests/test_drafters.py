@@ -199,3 +199,30 @@ def test_a_pipeline_keeps_the_adaptive_policy_per_drafter(llama_pair: TinyPair) 
     assert "mixed" in pipe._learned and pipe._learned["mixed"].history
     second = pipe.generate(prompt, max_new_tokens=40, k="auto", drafter="mixed")
     assert second.token_ids == first.token_ids
+
+
+@needs_exporter
+@pytest.mark.parametrize("k", [3, "auto"])
+def test_the_hybrid_drafter_uses_lookups_and_the_model_and_stays_exact(
+    llama_pair: TinyPair, k: Any
+) -> None:
+    pipe = Pipeline.load(llama_pair.artifact)
+    assert "ngram+mixed" in pipe.drafter_names
+    # half repetitive (lookups match), half not (the model drafts)
+    prompt = np.concatenate(
+        [
+            np.tile(np.array([10, 11, 12, 13], dtype=np.int64), 4),
+            np.array([50, 61, 72, 83, 94], dtype=np.int64),
+        ]
+    )
+    want = pipe.generate(prompt, max_new_tokens=60, k=0).token_ids
+    result = pipe.generate(prompt, max_new_tokens=60, k=k, drafter="ngram+mixed")
+    assert result.token_ids == want
+    assert result.stats.draft_passes > 0  # the model drafted some steps
+    sampled = pipe.generate(
+        prompt, max_new_tokens=30, k=3, drafter="ngram+mixed", temperature=0.8, seed=5
+    )
+    again = pipe.generate(
+        prompt, max_new_tokens=30, k=3, drafter="ngram+mixed", temperature=0.8, seed=5
+    )
+    assert sampled.token_ids == again.token_ids

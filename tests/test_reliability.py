@@ -322,3 +322,17 @@ def test_one_pipeline_serves_concurrent_threads_with_sequential_results(
         got = list(pool.map(job, range(6)))
     assert got == want
     assert len(pipe._pool["mixed"]) >= 2  # concurrent generations had separate workspaces
+
+
+def test_gpu_providers_are_refused_when_both_onnxruntime_packages_are_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.metadata as md
+
+    from specx.runtime.errors import ProviderError
+    from specx.runtime.session import resolve_providers
+
+    monkeypatch.setattr(md, "version", lambda name: "1.32.0")  # both "installed"
+    with pytest.raises(ProviderError, match="both onnxruntime and onnxruntime-gpu"):
+        resolve_providers(["cuda"])
+    assert resolve_providers(["cpu"]) == ["CPUExecutionProvider"]
