@@ -88,9 +88,11 @@ def _replace_atomically(staged: Path, output: Path) -> None:
 
 
 def _named_drafts(drafts: Sequence[str], target: str) -> list[tuple[str, str]]:
-    """`NAME=SOURCE` names a draft; unnamed ones are draft, draft2, ... (self: the target)."""
+    """`NAME=SOURCE` names a draft; unnamed ones are draft, draft2, ... (self: the target).
+    `ngram+X` exports the draft X; `specx run` then puts a lookup in front of it."""
     named: list[tuple[str, str]] = []
-    for i, item in enumerate(drafts):
+    for i, entry in enumerate(drafts):
+        item = entry.removeprefix("ngram+") if not Path(entry).exists() else entry
         name, sep, source = item.partition("=")
         if not sep or not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name) or Path(item).exists():
             source = item
@@ -247,8 +249,9 @@ def _export_into(
     default_drafter: str | None = None
     for i, (name, draft) in enumerate(_named_drafts(drafts, target)):
         log(f"[{i + 2}/{steps}] draft {name!r}: {draft}")
-        if i == 0:
-            default_drafter = name  # listed first: the default drafter of `specx run`
+        if i == 0:  # listed first: the default drafter of `specx run`
+            hybrid = drafts[0].startswith("ngram+") and not Path(drafts[0]).exists()
+            default_drafter = f"ngram+{name}" if hybrid else name
         if draft == "ngram":
             log("  n-gram prompt lookup: no model, nothing to export")
             continue

@@ -220,9 +220,9 @@ def info(artifact: Path, debug: bool) -> None:
             f"{spec.weight_bytes / 1e6:.0f} MB, {spec.variant}; {quality}"
         )
     default = m.default_drafter or (m.drafts[0].name if m.drafts else "none")
-    click.echo(
-        f"drafters {', '.join([d.name for d in m.drafts] + ['ngram', 'none'])}; default {default}"
-    )
+    names = [d.name for d in m.drafts]
+    every = [*names, "ngram", *(f"ngram+{n}" for n in names), "none"]
+    click.echo(f"drafters {', '.join(every)}; default {default}")
 
 
 @main.command(name="export")
@@ -232,7 +232,8 @@ def info(artifact: Path, debug: bool) -> None:
     "drafts",
     multiple=True,
     help="Draft: a model (same kinds as --target), int8 / int4 (a quantized copy of the target), "
-    "ngram (prompt lookup), or NAME=SOURCE. Repeatable; the first is the default.",
+    "ngram (prompt lookup), ngram+X (lookup first, draft X otherwise), or NAME=SOURCE. "
+    "Repeatable; the first is the default.",
 )
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
 @click.option("--max-length", type=int, default=2048, show_default=True, help="Cache capacity.")
@@ -355,6 +356,13 @@ def _csv(text: str, kind: type = str) -> tuple[Any, ...]:
 @click.option("--threads", type=int, default=None)
 @click.option("--quick", is_flag=True, help="1 prompt per workload, K 1-4, 2 repeats, no peers.")
 @click.option("-o", "--out", type=click.Path(path_type=Path), default=None)
+@click.option(
+    "--from-json",
+    "from_json",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Re-render the table and plot of an earlier results.json (runs nothing).",
+)
 @debug_option
 @user_errors
 def bench(
@@ -374,13 +382,25 @@ def bench(
     threads: int | None,
     quick: bool,
     out: Path | None,
+    from_json: Path | None,
     debug: bool,
 ) -> None:
     """Benchmark ARTIFACT: target alone vs every drafter and K, costs, peers; table+JSON+PNG."""
     import time
 
-    from specx.runtime.bench import BenchConfig, run_bench, stderr_progress
+    from specx.runtime.bench import BenchConfig, add_predictions, run_bench, stderr_progress
     from specx.runtime.bench_report import format_report, plot
+
+    if from_json is not None:
+        results = json.loads(from_json.read_text())
+        add_predictions(results)
+        folder = out or from_json.parent
+        report = format_report(results)
+        (folder / "report.txt").write_text(report + "\n")
+        (folder / "results.json").write_text(json.dumps(results, indent=1))
+        click.echo(report)
+        plot(results, folder / "speedup.png")
+        return
 
     config = BenchConfig(
         artifact=artifact,

@@ -8,6 +8,7 @@ cd "$ROOT"
 "$ROOT/scripts/setup.sh"
 VENV="${SPECX_VENV:-$ROOT/.venv}"
 export PATH="$VENV/bin:$PATH"
+export HF_HUB_OFFLINE=1  # the tests build their models locally; never wait on the hub
 if [ -z "${SPECX_SKIP_SMOLLM2:-}" ]; then
   SPECX_SMOLLM2_GGUF="$("$ROOT/scripts/fetch_smollm2.sh")"
   export SPECX_SMOLLM2_GGUF
