@@ -146,6 +146,19 @@ class RunRecord:
     decode_s: float
     stats: dict[str, Any] = field(repr=False)
 
+    @staticmethod
+    def of(workload: str, config: str, repeat: int, prompt: int, stats: Any) -> RunRecord:
+        return RunRecord(
+            workload,
+            config,
+            repeat,
+            prompt,
+            stats.new_tokens,
+            stats.total_s,
+            stats.decode_s,
+            stats.to_json(),
+        )
+
 
 def _config_runs(pipe: Pipeline, cfg: BenchConfig, drafters: list[str]) -> list[dict[str, Any]]:
     runs: list[dict[str, Any]] = [{"name": "target", "k": 0, "drafter": "none"}]
@@ -261,7 +274,8 @@ def run_bench(cfg: BenchConfig, progress: Progress) -> dict[str, Any]:
     bandwidth = memory_bandwidth()
     target = pipe.target
     widths = sorted({1, *(k + 1 for k in cfg.ks)})
-    t_pass = pass_times(target, widths, 128, cfg.micro_repeats)
+    micro_past = max(0, min(128, pipe.manifest.max_length - max(widths) - 1))
+    t_pass = pass_times(target, widths, micro_past, cfg.micro_repeats)
     weights = pipe.manifest.target.weight_bytes
     costs: dict[str, Any] = {
         "bandwidth_bytes_per_s": bandwidth,
@@ -278,7 +292,7 @@ def run_bench(cfg: BenchConfig, progress: Progress) -> dict[str, Any]:
         if spec is None:
             continue  # ngram: no model pass
         session = pipe._draft_session(spec)
-        t = pass_time(session, 1, 128, cfg.micro_repeats)
+        t = pass_time(session, 1, micro_past, cfg.micro_repeats)
         costs["draft_pass_s"][d] = t
         costs["c"][d] = t / t_pass[1]
     progress("measuring decode step time against context length")
@@ -325,12 +339,7 @@ def run_bench(cfg: BenchConfig, progress: Progress) -> dict[str, Any]:
             for i, prompt in enumerate(plist):
                 for run in runs:
                     res = _generate(pipe, prompt, run, cfg.max_new_tokens, greedy)
-                    s = res.stats
-                    records.append(
-                        RunRecord(
-                            w, run["name"], rep, i, s.new_tokens, s.total_s, s.decode_s, s.to_json()
-                        )
-                    )
+                    records.append(RunRecord.of(w, run["name"], rep, i, res.stats))
                     done += 1
                     progress(f"[{done}/{total}] repeat {rep + 1} {w} prompt {i + 1} {run['name']}")
     results["greedy"] = {w: _aggregate([r for r in records if r.workload == w]) for w in prompts}
@@ -395,19 +404,7 @@ def _sampling_runs(
                 for run in runs:
                     params = SamplingParams(temperature=temperature, seed=1000 * rep + i)
                     res = _generate(pipe, prompt, run, cfg.max_new_tokens, params)
-                    s = res.stats
-                    records.append(
-                        RunRecord(
-                            workload,
-                            run["name"],
-                            rep,
-                            i,
-                            s.new_tokens,
-                            s.total_s,
-                            s.decode_s,
-                            s.to_json(),
-                        )
-                    )
+                    records.append(RunRecord.of(workload, run["name"], rep, i, res.stats))
             progress(f"sampling T={temperature} repeat {rep + 1}/{cfg.repeats}")
         out[str(temperature)] = _aggregate(records)
     return out

@@ -245,6 +245,12 @@ class ModelSession:
 
     def new_cache(self, capacity: int) -> KVCache:
         s = self.spec
+        if capacity > s.max_length:
+            raise InputError(
+                f"a cache of {capacity} positions exceeds the {s.max_length} this graph was "
+                "exported for",
+                "re-export with a larger --max-length",
+            )
         return KVCache(
             s.num_layers,
             s.kv_heads,

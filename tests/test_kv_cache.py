@@ -29,14 +29,17 @@ def test_overflow_and_bad_truncation_are_refused() -> None:
         cache.truncate(5)
 
 
+def target_session(request: pytest.FixtureRequest, pair_name: str) -> ModelSession:
+    pair: TinyPair = request.getfixturevalue(pair_name)
+    return ModelSession(pair.artifact / "target.onnx", Manifest.read(pair.artifact).target)
+
+
 @needs_exporter
 @pytest.mark.parametrize("pair_name", ["llama_pair", "llama_plain_pair"])
 def test_a_pass_writes_new_keys_in_place_after_the_past(
     request: pytest.FixtureRequest, pair_name: str
 ) -> None:
-    llama_pair: TinyPair = request.getfixturevalue(pair_name)
-    manifest = Manifest.read(llama_pair.artifact)
-    session = ModelSession(llama_pair.artifact / "target.onnx", manifest.target)
+    session = target_session(request, pair_name)
     cache = session.new_cache(32)
     addresses = cache.buffer_addresses()
     tokens = np.array([5, 9, 11, 20, 31], dtype=np.int64)
@@ -59,9 +62,7 @@ def test_a_pass_writes_new_keys_in_place_after_the_past(
 def test_rollback_then_rewrite_equals_a_cache_that_never_saw_the_rejected_tokens(
     request: pytest.FixtureRequest, pair_name: str
 ) -> None:
-    llama_pair: TinyPair = request.getfixturevalue(pair_name)
-    manifest = Manifest.read(llama_pair.artifact)
-    session = ModelSession(llama_pair.artifact / "target.onnx", manifest.target)
+    session = target_session(request, pair_name)
     cache = session.new_cache(32)
     session.forward(np.array([4, 5, 6, 7, 8, 9]), cache)
     cache.truncate(3)  # reject the last three
