@@ -37,8 +37,9 @@ class AdaptiveK(KPolicy):
         self.accepted = [0.0] * max_k
         self.prior_accept = prior_accept
         self.prior_weight = prior_weight
-        # costs in seconds: a draft pass; target passes as a line over the verify width
+        # costs in seconds: drafting per proposed token; target passes as a line over the width
         self.draft_pass_s = 0.0
+        self._draft_seen = False
         self._fit = [0.0] * 5  # decayed sums: n, sum w, sum t, sum w*w, sum w*t
         self._steps = 0
         self._zero_streak = 0
@@ -54,6 +55,7 @@ class AdaptiveK(KPolicy):
             self.reached.append(0.0)
             self.accepted.append(0.0)
         self.draft_pass_s = previous.draft_pass_s
+        self._draft_seen = previous._draft_seen
         self._fit = [keep * x for x in previous._fit]
         if previous._steps:
             self._steps = 1  # measured costs exist: choose K from the first step
@@ -110,17 +112,19 @@ class AdaptiveK(KPolicy):
         width = step.proposed + 1
         for i, x in enumerate((1.0, width, step.verify_s, width * width, width * step.verify_s)):
             self._fit[i] = d * self._fit[i] + x
-        if step.draft_passes:
-            per_pass = step.draft_s / step.draft_passes
+        if step.proposed:
+            # drafting cost per proposed token: a model pass per token for a draft model, next
+            # to nothing for a lookup, the mix of both for a hybrid drafter
+            per_token = step.draft_s / step.proposed
             if step.catchup <= 2:
-                weight = 0.3 if self.draft_pass_s else 1.0
-                self.draft_pass_s = (1 - weight) * self.draft_pass_s + weight * per_pass
-            elif self.draft_pass_s == 0.0 or per_pass < self.draft_pass_s:
-                # a pass that also caught up several tokens costs at least a one-token pass:
-                # an upper bound, which corrects an estimate inflated by a slow first step
-                self.draft_pass_s = per_pass
-        elif not step.draft_passes and step.proposed:  # lookup drafters: their time per token
-            self.draft_pass_s = 0.7 * self.draft_pass_s + 0.3 * step.draft_s / step.proposed
+                weight = 0.3 if self._draft_seen else 1.0
+                self.draft_pass_s = (1 - weight) * self.draft_pass_s + weight * per_token
+                self._draft_seen = True
+            elif not self._draft_seen or per_token < self.draft_pass_s:
+                # a first pass that also caught up several tokens costs at least a one-token
+                # pass: an upper bound, which corrects an estimate inflated by a slow first step
+                self.draft_pass_s = per_token
+                self._draft_seen = True
         if not step.proposed:
             self._zero_streak += 1
             return
