@@ -100,7 +100,10 @@ class AdaptiveK(KPolicy):
         elif self._zero_streak >= self.probe_every:
             k = min(2, self.max_k)  # a probe: has the drafter started to agree again?
         else:
-            k = max(range(self.max_k + 1), key=self.expected_rate)
+            rates = [self.expected_rate(k) for k in range(self.max_k + 1)]
+            k = max(range(self.max_k + 1), key=rates.__getitem__)
+            if k == 0 and rates[1] >= 0.95 * rates[0]:
+                k = 1  # hysteresis: leaving the drafter idle makes it catch up later
             if self._steps % self.explore_every == 0 and k > 0:
                 k = min(self.max_k, k + 1)  # look one further: is the next position worth it?
         self.history.append(k)

@@ -151,6 +151,13 @@ class ModelSession:
         self.path = graph_path
         self.providers = resolve_providers(providers)
         self.device = device_of(self.providers)
+        if self.device == "cuda" and spec.attention == "gqa" and spec.dtype == "float32":
+            raise ProviderError(
+                f"{graph_path.name} is an fp32 GroupQueryAttention graph, which ONNX Runtime "
+                "runs only on the CPU (its CUDA kernel is fp16/bf16)",
+                "re-export with an fp16 profile (e.g. --profile gpu-datacenter) or "
+                "--attention plain for CUDA",
+            )
         if not graph_path.is_file():
             raise ArtifactError(
                 f"graph file {graph_path} is missing", "re-export the artifact with `specx export`"
