@@ -8,12 +8,11 @@ one; `specx profiles` lists them; a path to a user's own TOML file works the sam
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from specx.runtime.errors import InputError
 

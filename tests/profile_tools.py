@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
-
 import tomllib
+from typing import Any
 
 
 def mutated(name: str, change: Any) -> dict[str, Any]:
