@@ -43,6 +43,11 @@ def user_errors(func: F) -> F:
         debug = bool(kwargs.get("debug"))
         try:
             return func(*args, **kwargs)
+        except BrokenPipeError:
+            # the reader went away (`specx run ... | head`): stop quietly, like other tools
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(0)
         except SpecxError as e:
             _fail(e, debug)
         except (OSError, ValueError, RuntimeError) as e:

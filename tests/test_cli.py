@@ -137,3 +137,14 @@ def test_export_of_a_missing_model_is_a_clean_error(tmp_path: Path) -> None:
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     proc = run_cli("run", str(tmp_path / "nope"), "-p", "hi", "--debug")
     assert proc.returncode == 2 and "Traceback" in proc.stderr
+
+
+def test_a_closed_pipe_ends_quietly() -> None:
+    proc = subprocess.run(
+        f"{sys.executable} -m specx.runtime.cli profiles | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.stdout.startswith("name") and "error" not in proc.stderr
