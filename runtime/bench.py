@@ -341,7 +341,10 @@ def run_bench(cfg: BenchConfig, progress: Progress) -> dict[str, Any]:
                     res = _generate(pipe, prompt, run, cfg.max_new_tokens, greedy)
                     records.append(RunRecord.of(w, run["name"], rep, i, res.stats))
                     done += 1
-                    progress(f"[{done}/{total}] repeat {rep + 1} {w} prompt {i + 1} {run['name']}")
+                    bar = "#" * (24 * done // total) + "." * (24 - 24 * done // total)
+                    progress(
+                        f"[{bar}] {done}/{total} repeat {rep + 1} {w} prompt {i + 1} {run['name']}"
+                    )
     results["greedy"] = {w: _aggregate([r for r in records if r.workload == w]) for w in prompts}
     results["greedy_records"] = [asdict(r) | {"stats": None} for r in records]
     add_predictions(results)
