@@ -22,7 +22,6 @@ from .wrap import make_graph_module, uses_position_ids
 
 # Graphs larger than this keep their weights in a side file (protobuf's 2 GB limit).
 EXTERNAL_DATA_BYTES = 1_800_000_000
-PAIR_ID_KEY = "specx.pair_id"
 
 
 def model_dims(src: SourceModel) -> dict[str, int]:
@@ -211,7 +210,7 @@ def export_graph(
     params, nbytes = weight_stats(model)
     model.doc_string = f"specx {role} graph of {src.source}"
     for key, value in (
-        (PAIR_ID_KEY, pair_id),
+        (contract.PAIR_ID_KEY, pair_id),
         ("specx.role", role),
         ("specx.format_version", str(contract.FORMAT_VERSION)),
     ):

@@ -24,12 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from specx.runtime import contract
 from specx.runtime.contract import ModelSpec
 from specx.runtime.errors import ExportError
 from specx.runtime.session import ModelSession
 
 from .load import Log
-from .onnx_export import PAIR_ID_KEY, weight_stats
+from .onnx_export import weight_stats
 
 QUANTIZED_DRAFTS = ("int8", "int4")
 # Below this argmax agreement with the target the quantized draft is broken, not just weak.
@@ -155,7 +156,7 @@ def derive_quantized_draft(
     for prop in model.metadata_props:
         if prop.key == "specx.role":
             prop.value = "draft"
-    if not any(p.key == PAIR_ID_KEY for p in model.metadata_props):
+    if not any(p.key == contract.PAIR_ID_KEY for p in model.metadata_props):
         raise ExportError("the quantizer dropped the graph's metadata; please report this")
     graph_name = f"{name}.onnx"
     onnx.save_model(model, str(folder / graph_name))

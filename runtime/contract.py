@@ -41,6 +41,7 @@ from specx.runtime.errors import ArtifactError
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
+PAIR_ID_KEY = "specx.pair_id"  # ONNX metadata key: the export every graph belongs to
 TOKENIZER_FILE = "tokenizer.json"
 
 INPUT_IDS = "input_ids"
@@ -64,7 +65,6 @@ CACHE_LAYOUTS = {
     "plain": ("batch", "position", "kv_head", "head_dim"),
     "gqa": ("batch", "kv_head", "position", "head_dim"),
 }
-CACHE_LAYOUT = CACHE_LAYOUTS["plain"]
 
 DTYPES = ("float32", "float16")
 

@@ -74,12 +74,15 @@ class ModelDrafter:
         # Tokens both models can emit; the rest are padding rows of the larger vocabulary.
         self.shared_vocab = min(session.vocab_size, target_vocab)
         self.eos = np.asarray(eos_token_ids, dtype=np.int64)
-        self.model_passes = 0
         self._sampling = SamplingParams()
         self._rng = np.random.default_rng(0)
         self._context_len = 0
         self._fed_from_proposal = 0
         self.last_catchup = 0
+
+    @property
+    def model_passes(self) -> int:
+        return self.session.passes  # this drafter's own fork of the session
 
     def _input(self, tokens: np.ndarray) -> np.ndarray:
         # A target padding-row id (possible only with untrained targets) is not a valid draft
@@ -94,7 +97,6 @@ class ModelDrafter:
         self.cache.reset()
         if prompt.shape[0] > 1:
             self.session.prefill(self._input(prompt[:-1]), self.cache)
-            self.model_passes += -(-(prompt.shape[0] - 1) // self.session.max_chunk)
 
     def _next(self, logits: np.ndarray) -> tuple[int, np.ndarray | None, float]:
         """(token, its distribution over the target vocab or None if greedy, top probability)."""
@@ -118,8 +120,7 @@ class ModelDrafter:
             return Proposal(EMPTY, None)
         pending = context[self.cache.length :]  # committed tokens the draft has not seen
         self.last_catchup = int(pending.shape[0])
-        logits = self.session.prefill(self._input(pending), self.cache)
-        self.model_passes += -(-pending.shape[0] // self.session.max_chunk)
+        logits = self.session.prefill(self._input(pending), self.cache)  # a view: used at once
         assert logits is not None
         tokens: list[int] = []
         rows: list[np.ndarray] = []
@@ -133,7 +134,6 @@ class ModelDrafter:
             if i == k - 1 or (self.eos.size and token in self.eos):
                 break
             logits = self.session.forward(self._input(np.array([token])), self.cache)[0]
-            self.model_passes += 1
             self._fed_from_proposal += 1
         p_draft = np.stack(rows) if rows else None  # [n, target_vocab]
         return Proposal(np.asarray(tokens, dtype=np.int64), p_draft)

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from specx.runtime.adaptive import AdaptiveK
-from specx.runtime.contract import TOKENIZER_FILE, Manifest, ModelSpec
+from specx.runtime.contract import PAIR_ID_KEY, TOKENIZER_FILE, Manifest, ModelSpec
 from specx.runtime.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from specx.runtime.errors import ArtifactError, InputError
 from specx.runtime.generate import KPolicy, decode_loop
@@ -49,11 +49,10 @@ def choose_providers(requested: Sequence[str] | None, manifest: Manifest) -> lis
         return [p.lower() for p in requested]
     wanted = list((manifest.profile or {}).get("providers", ["cpu"]))
     usable = [p for p in wanted if _usable(p, manifest)]
-    return usable if usable and usable != ["tensorrt"] else [*usable, "cpu"]
+    return usable if "cpu" in usable else [*usable, "cpu"]
 
 
 DEFAULT_K = 4
-PAIR_ID_KEY = "specx.pair_id"
 
 
 @dataclass
@@ -88,7 +87,6 @@ class Generation:
 
     _iterator: Iterator[str]
     result: GenerationResult
-    _close: Any = field(repr=False, default=None)
 
     def __iter__(self) -> Iterator[str]:
         return self._iterator

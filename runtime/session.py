@@ -339,9 +339,9 @@ class ModelSession:
         self._bound_cache = cache
 
     def prefill(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray | None:
-        """Run any number of tokens in chunks; returns a copy of the last logits row (or None)."""
+        """Run any number of tokens in chunks; returns the last logits row (or None), a view
+        that the next pass overwrites, like forward's."""
         last: np.ndarray | None = None
         for start in range(0, int(tokens.shape[0]), self.max_chunk):
-            logits = self.forward(tokens[start : start + self.max_chunk], cache)
-            last = logits[-1].copy()
+            last = self.forward(tokens[start : start + self.max_chunk], cache)[-1]
         return last

@@ -142,5 +142,5 @@ class TensorRTSession:
     def prefill(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray | None:
         last: np.ndarray | None = None
         for start in range(0, int(tokens.shape[0]), self.max_chunk):
-            last = self.forward(tokens[start : start + self.max_chunk], cache)[-1].copy()
+            last = self.forward(tokens[start : start + self.max_chunk], cache)[-1]
         return last
