@@ -8,11 +8,51 @@ from decayed counts, and multiplies them. The cost of a step is K draft passes p
 over K + 1 tokens (a line fitted to the measured pass times). The policy takes the K in 0..max_k
 with the most expected tokens per second, tries a neighbouring K now and then to keep the
 estimates honest, and probes K = 2 after a run of K = 0.
+
+Acceptance and drafting cost are kept per *source*: the drafter says before each step where its
+proposal will come from (a hybrid drafter: a free n-gram lookup, or a draft-model pass per token).
+A lookup that matched is cheap and tends to run on, so it deserves a longer K than the model,
+which pays a pass for every token; one estimate for both would fit neither. The target's verify
+cost is shared: it does not depend on who drafted.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from specx.runtime.generate import KPolicy, StepResult
+
+DEFAULT_SOURCE = "draft"
+
+
+@dataclass
+class SourceEstimate:
+    """What the run has learned about one source of proposals."""
+
+    max_k: int
+    # reached[i]: proposals whose position i was verified (all earlier ones accepted);
+    # accepted[i]: of those, how many were accepted at position i. Decayed counts.
+    reached: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+    draft_pass_s: float = 0.0  # drafting cost per proposed token
+    draft_seen: bool = False
+    steps: int = 0
+    zero_streak: int = 0
+
+    def __post_init__(self) -> None:
+        self.reached += [0.0] * (self.max_k - len(self.reached))
+        self.accepted += [0.0] * (self.max_k - len(self.accepted))
+
+    def scaled(self, max_k: int, keep: float) -> SourceEstimate:
+        """A copy for a later generation: counts weighted by `keep`, costs as they were."""
+        return SourceEstimate(
+            max_k,
+            [keep * r for r in self.reached[:max_k]],
+            [keep * a for a in self.accepted[:max_k]],
+            self.draft_pass_s,
+            self.draft_seen,
+            1 if self.steps else 0,
+        )
 
 
 class AdaptiveK(KPolicy):
@@ -31,51 +71,43 @@ class AdaptiveK(KPolicy):
         self.decay = decay
         self.explore_every = explore_every
         self.probe_every = probe_every
-        # reached[i]: proposals whose position i was verified (all earlier ones accepted);
-        # accepted[i]: of those, how many were accepted at position i. Decayed counts.
-        self.reached = [0.0] * max_k
-        self.accepted = [0.0] * max_k
         self.prior_accept = prior_accept
         self.prior_weight = prior_weight
-        # costs in seconds: drafting per proposed token; target passes as a line over the width
-        self.draft_pass_s = 0.0
-        self._draft_seen = False
-        self._fit = [0.0] * 5  # decayed sums: n, sum w, sum t, sum w*w, sum w*t
-        self._steps = 0
-        self._zero_streak = 0
+        self.sources: dict[str, SourceEstimate] = {}
+        self._fit = [0.0] * 5  # target passes, decayed sums: n, sum w, sum t, sum w*w, sum w*t
+        self._source = DEFAULT_SOURCE  # the source of the step being chosen / observed
         self.history: list[int] = []
+
+    def _estimate(self, source: str) -> SourceEstimate:
+        if source not in self.sources:
+            self.sources[source] = SourceEstimate(self.max_k)
+        return self.sources[source]
 
     def inherit(self, previous: AdaptiveK, keep: float = 0.5) -> None:
         """Start from what an earlier generation with the same drafter learned (its counts
         weighted by `keep`): a pipeline's later requests need no warm-up, and a few unlucky
         first steps cannot talk the policy out of drafting."""
-        self.reached = [keep * r for r in previous.reached[: self.max_k]]
-        self.accepted = [keep * a for a in previous.accepted[: self.max_k]]
-        while len(self.reached) < self.max_k:
-            self.reached.append(0.0)
-            self.accepted.append(0.0)
-        self.draft_pass_s = previous.draft_pass_s
-        self._draft_seen = previous._draft_seen
+        self.sources = {
+            name: est.scaled(self.max_k, keep) for name, est in previous.sources.items()
+        }
         self._fit = [keep * x for x in previous._fit]
-        if previous._steps:
-            self._steps = 1  # measured costs exist: choose K from the first step
-            self.k = max(range(self.max_k + 1), key=self.expected_rate)
 
-    def acceptance(self, position: int) -> float:
+    def acceptance(self, position: int, source: str = DEFAULT_SOURCE) -> float:
         """P(draft token at `position` (0-based) accepted | the earlier ones were).
 
         Each position's estimate is shrunk toward the previous position's (and the first toward
         `prior_accept`), so that positions rarely reached borrow what is known: acceptance given
         a run of accepted tokens is seldom lower than before it."""
+        est = self._estimate(source)
         p = self.prior_accept
         for i in range(position + 1):
-            p = (self.accepted[i] + self.prior_weight * p) / (self.reached[i] + self.prior_weight)
+            p = (est.accepted[i] + self.prior_weight * p) / (est.reached[i] + self.prior_weight)
         return p
 
-    def expected_tokens(self, k: int) -> float:
+    def expected_tokens(self, k: int, source: str = DEFAULT_SOURCE) -> float:
         total, chain = 1.0, 1.0
         for i in range(k):
-            chain *= self.acceptance(i)
+            chain *= self.acceptance(i, source)
             total += chain
         return total
 
@@ -90,49 +122,53 @@ class AdaptiveK(KPolicy):
         slope = (swt / n - mean_w * mean_t) / var if var > 0.25 else 0.05 * mean_t / mean_w
         return max(1e-6, mean_t + max(0.0, slope) * (width - mean_w))
 
-    def expected_rate(self, k: int) -> float:
+    def expected_rate(self, k: int, source: str = DEFAULT_SOURCE) -> float:
         """Expected tokens per second for K = k under the current estimates."""
-        return self.expected_tokens(k) / (k * self.draft_pass_s + self.verify_s(k + 1))
+        cost = k * self._estimate(source).draft_pass_s + self.verify_s(k + 1)
+        return self.expected_tokens(k, source) / cost
 
-    def next_k(self) -> int:
-        if self._steps == 0:
+    def next_k(self, source: str = DEFAULT_SOURCE) -> int:
+        self._source = source
+        est = self._estimate(source)
+        if est.steps == 0:
             k = self.k
-        elif self._zero_streak >= self.probe_every:
+        elif est.zero_streak >= self.probe_every:
             k = min(2, self.max_k)  # a probe: has the drafter started to agree again?
         else:
-            rates = [self.expected_rate(k) for k in range(self.max_k + 1)]
+            rates = [self.expected_rate(k, source) for k in range(self.max_k + 1)]
             k = max(range(self.max_k + 1), key=rates.__getitem__)
             if k == 0 and rates[1] >= 0.95 * rates[0]:
                 k = 1  # hysteresis: leaving the drafter idle makes it catch up later
-            if self._steps % self.explore_every == 0 and k > 0:
+            if est.steps % self.explore_every == 0 and k > 0:
                 k = min(self.max_k, k + 1)  # look one further: is the next position worth it?
         self.history.append(k)
         return k
 
     def observe(self, step: StepResult) -> None:
-        self._steps += 1
         d = self.decay
         width = step.proposed + 1
         for i, x in enumerate((1.0, width, step.verify_s, width * width, width * step.verify_s)):
             self._fit[i] = d * self._fit[i] + x
+        est = self._estimate(self._source)
+        est.steps += 1
         if step.proposed:
             # drafting cost per proposed token: a model pass per token for a draft model, next
-            # to nothing for a lookup, the mix of both for a hybrid drafter
+            # to nothing for a lookup
             per_token = step.draft_s / step.proposed
             if step.catchup <= 2:
-                weight = 0.3 if self._draft_seen else 1.0
-                self.draft_pass_s = (1 - weight) * self.draft_pass_s + weight * per_token
-                self._draft_seen = True
-            elif not self._draft_seen or per_token < self.draft_pass_s:
+                weight = 0.3 if est.draft_seen else 1.0
+                est.draft_pass_s = (1 - weight) * est.draft_pass_s + weight * per_token
+                est.draft_seen = True
+            elif not est.draft_seen or per_token < est.draft_pass_s:
                 # a first pass that also caught up several tokens costs at least a one-token
                 # pass: an upper bound, which corrects an estimate inflated by a slow first step
-                self.draft_pass_s = per_token
-                self._draft_seen = True
+                est.draft_pass_s = per_token
+                est.draft_seen = True
         if not step.proposed:
-            self._zero_streak += 1
+            est.zero_streak += 1
             return
-        self._zero_streak = 0
+        est.zero_streak = 0
         verified = min(step.proposed, step.accepted + 1)  # positions the target judged
         for i in range(verified):
-            self.reached[i] = d * self.reached[i] + 1.0
-            self.accepted[i] = d * self.accepted[i] + (1.0 if i < step.accepted else 0.0)
+            est.reached[i] = d * est.reached[i] + 1.0
+            est.accepted[i] = d * est.accepted[i] + (1.0 if i < step.accepted else 0.0)

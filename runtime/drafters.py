@@ -3,6 +3,9 @@
 One narrow interface (like transformers' ``CandidateGenerator``):
 
     start(prompt, sampling, rng)   a new generation begins with these prompt tokens
+    source(context)                where the next proposal will come from ("model", "lookup",
+                                   "none" when there is nothing to propose), asked before
+                                   `propose` so that `-k auto` can choose K per source
     propose(context, k)            up to k tokens that may follow `context` (every committed token)
     commit(num_accepted)           how many of the last proposal the target accepted
 
@@ -39,12 +42,15 @@ class Drafter(Protocol):
         self, prompt: np.ndarray, sampling: SamplingParams, rng: np.random.Generator
     ) -> None: ...
 
+    def source(self, context: np.ndarray) -> str: ...
+
     def propose(self, context: np.ndarray, k: int) -> Proposal: ...
 
     def commit(self, num_accepted: int) -> None: ...
 
 
 EMPTY = np.zeros(0, dtype=np.int64)
+LOOKAHEAD = 64  # the most tokens a lookup continuation is read ahead (K never exceeds 16)
 
 
 class ModelDrafter:
@@ -113,6 +119,9 @@ class ModelDrafter:
         full[: self.shared_vocab] = probs
         return token, full, float(probs.max())
 
+    def source(self, context: np.ndarray) -> str:
+        return "model"
+
     def propose(self, context: np.ndarray, k: int) -> Proposal:
         self._context_len = int(context.shape[0])
         self._fed_from_proposal = 0
@@ -145,7 +154,8 @@ class ModelDrafter:
 
 class NgramDrafter:
     """Prompt lookup (Saxena 2023): propose what followed the latest earlier occurrence of the
-    context's last n tokens, for n from max_ngram down to min_ngram. No model, no state.
+    context's last n tokens, for n from max_ngram down to min_ngram. No model; the only state is
+    the current step's search result.
 
     The search is one vectorized comparison per n over the context (numpy sliding windows), so
     it costs microseconds even for thousands of tokens. Proposals stop after an EOS token.
@@ -161,14 +171,27 @@ class NgramDrafter:
         self.min_ngram = min_ngram
         self.eos = np.asarray(eos_token_ids, dtype=np.int64)
         self.model_passes = 0
+        self._found: tuple[int, np.ndarray] = (-1, EMPTY)  # (context length, continuation)
 
     def start(self, prompt: np.ndarray, sampling: SamplingParams, rng: np.random.Generator) -> None:
-        """Nothing to prepare: the lookup reads the context it is given."""
+        self._found = (-1, EMPTY)  # nothing looked up yet
 
-    def propose(self, context: np.ndarray, k: int) -> Proposal:
+    def continuation(self, context: np.ndarray) -> np.ndarray:
+        """What followed the best earlier match of the context's suffix (up to LOOKAHEAD tokens,
+        cut after an EOS), or nothing. Kept until the step's `propose`, so one step searches
+        once however often it asks."""
         length = int(context.shape[0])
-        if k <= 0 or length < 2:
-            return Proposal(EMPTY, None)
+        if self._found[0] != length:
+            self._found = (length, self._search(context, length))
+        return self._found[1]
+
+    def forget(self) -> None:
+        """The step is over: the next context is a new one."""
+        self._found = (-1, EMPTY)
+
+    def _search(self, context: np.ndarray, length: int) -> np.ndarray:
+        if length < 2:
+            return EMPTY
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
             pattern = context[length - n :]  # [n]
             # windows over context[:-1] so that every match is followed by at least one token
@@ -177,16 +200,24 @@ class NgramDrafter:
             if hits.size == 0:
                 continue
             start = int(hits[-1]) + n  # the latest occurrence: closest to the current topic
-            tokens = context[start : start + k]
+            tokens = context[start : start + LOOKAHEAD]
             if self.eos.size:
                 stops = np.flatnonzero(np.isin(tokens, self.eos))
                 if stops.size:
                     tokens = tokens[: int(stops[0]) + 1]
-            return Proposal(tokens.astype(np.int64, copy=True), None)
-        return Proposal(EMPTY, None)
+            return tokens.astype(np.int64, copy=True)
+        return EMPTY
+
+    def source(self, context: np.ndarray) -> str:
+        return "lookup" if self.continuation(context).size else "none"
+
+    def propose(self, context: np.ndarray, k: int) -> Proposal:
+        found = self.continuation(context)
+        self.forget()
+        return Proposal(found[:k] if k > 0 else EMPTY, None)
 
     def commit(self, num_accepted: int) -> None:
-        """Stateless: the next lookup reads the updated context."""
+        """Nothing to keep: the next lookup reads the updated context."""
 
 
 class HybridDrafter:
@@ -215,12 +246,16 @@ class HybridDrafter:
         self.lookup.start(prompt, sampling, rng)
         self.model.start(prompt, sampling, rng)
 
+    def source(self, context: np.ndarray) -> str:
+        matched = self.lookup.continuation(context).shape[0] >= self.min_match_tokens
+        return "lookup" if matched else "model"
+
     def propose(self, context: np.ndarray, k: int) -> Proposal:
-        proposal = self.lookup.propose(context, k)
-        self._used_model = proposal.tokens.shape[0] < min(k, self.min_match_tokens)
+        self._used_model = self.source(context) == "model"
         if self._used_model:
-            proposal = self.model.propose(context, k)
-        return proposal
+            self.lookup.forget()
+            return self.model.propose(context, k)
+        return self.lookup.propose(context, k)
 
     def commit(self, num_accepted: int) -> None:
         if self._used_model:

@@ -79,7 +79,8 @@ class KPolicy:
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def next_k(self) -> int:
+    def next_k(self, source: str = "draft") -> int:
+        """K for the next step, whose proposal comes from `source` (see Drafter.source)."""
         return self.k
 
     def observe(self, step: StepResult) -> None:
@@ -130,7 +131,8 @@ def decode_loop(
             if room < 0:
                 stats.stop_reason = "max_length"
                 return
-            k = min(policy.next_k(), room, remaining - 1)
+            source = drafter.source(context_buf[:n_context]) if drafter is not None else "none"
+            k = min(policy.next_k(source), room, remaining - 1)
             step = speculative_step(
                 target, cache, drafter, context_buf[:n_context], k, sampling, rng, stats
             )

@@ -53,6 +53,18 @@ def test_ngram_never_proposes_past_eos() -> None:
     assert drafter.propose(context, 5).tokens.tolist() == [7, 1]
 
 
+def test_ngram_names_its_source_and_proposes_the_continuation_it_found() -> None:
+    drafter = NgramDrafter(max_ngram=2)
+    assert drafter.source(ids(1, 2, 3, 9, 1, 2)) == "lookup"
+    assert drafter.propose(ids(1, 2, 3, 9, 1, 2), 2).tokens.tolist() == [3, 9]
+    assert drafter.source(ids(4, 5, 6, 7)) == "none"
+    assert drafter.propose(ids(4, 5, 6, 7), 3).tokens.size == 0
+    # a different context of the same length is searched anew (nothing stale from a source call)
+    drafter.source(ids(1, 2, 3, 9, 1, 2))
+    drafter.propose(ids(1, 2, 3, 9, 1, 2), 2)
+    assert drafter.propose(ids(5, 6, 7, 8, 9, 5), 2).tokens.tolist() == [6, 7]
+
+
 def test_ngram_lookup_handles_long_contexts_quickly() -> None:
     rng = np.random.default_rng(0)
     context = rng.integers(0, 50, size=4000).astype(np.int64)
@@ -180,6 +192,30 @@ def test_adaptive_k_learns_correlated_acceptance_and_drafts_long_runs() -> None:
     assert policy.next_k() >= 6
 
 
+def test_adaptive_k_keeps_separate_estimates_for_lookups_and_model_drafts() -> None:
+    """A hybrid drafter: free lookups whose matches run on, and a draft model that pays a pass per
+    token and is right 60% of the time. One K for both would fit neither."""
+    policy = AdaptiveK(max_k=8, start_k=2)
+    rng = np.random.default_rng(1)
+    chosen: dict[str, list[int]] = {"lookup": [], "model": []}
+    for _ in range(120):
+        source = "lookup" if rng.random() < 0.5 else "model"
+        k = policy.next_k(source)
+        chosen[source].append(k)
+        if source == "lookup":
+            accepted = k if (k and rng.random() < 0.6) else 0
+            policy.observe(StepResult(ids(0), k, accepted, 2e-5 * k, 0.03 + 0.0015 * k, 0, 0))
+        else:
+            accepted = 0
+            while accepted < k and rng.random() < 0.6:
+                accepted += 1
+            policy.observe(StepResult(ids(0), k, accepted, 0.015 * k, 0.03 + 0.0015 * k, k, 1))
+    assert policy.sources["lookup"].draft_pass_s < 1e-3 < policy.sources["model"].draft_pass_s
+    assert policy.acceptance(3, "lookup") > 0.9 > 0.7 > policy.acceptance(3, "model")
+    late_lookup, late_model = chosen["lookup"][-20:], chosen["model"][-20:]
+    assert min(late_lookup) >= 6 and max(late_model) <= 3
+
+
 def test_adaptive_k_inherits_what_an_earlier_generation_learned() -> None:
     learned = AdaptiveK(max_k=6)
     for _ in range(30):
@@ -220,6 +256,8 @@ def test_the_hybrid_drafter_uses_lookups_and_the_model_and_stays_exact(
     result = pipe.generate(prompt, max_new_tokens=60, k=k, drafter="ngram+mixed")
     assert result.token_ids == want
     assert result.stats.draft_passes > 0  # the model drafted some steps
+    if k == "auto":  # and -k auto learned each source on its own
+        assert set(pipe._learned["ngram+mixed"].sources) == {"lookup", "model"}
     sampled = pipe.generate(
         prompt, max_new_tokens=30, k=3, drafter="ngram+mixed", temperature=0.8, seed=5
     )

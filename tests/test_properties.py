@@ -56,6 +56,9 @@ class ScriptedDrafter:
     def start(self, prompt: np.ndarray, sampling: Any, rng: Any) -> None:
         self.step = 0
 
+    def source(self, context: np.ndarray) -> str:
+        return "script"
+
     def propose(self, context: np.ndarray, k: int) -> Proposal:
         produced = len(context) - self.prompt_len
         want_k, good = self.plan[self.step % len(self.plan)]
