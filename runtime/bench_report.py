@@ -19,6 +19,24 @@ def best_config(per_config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return name, per_config[name]
 
 
+def adaptive_vs_fixed(per_config: dict[str, Any]) -> dict[str, tuple[float, str]]:
+    """Per drafter: K=auto's decode tokens/s over that of the drafter's best fixed K."""
+    out: dict[str, tuple[float, str]] = {}
+    for name, r in per_config.items():
+        drafter, _, k = name.rpartition(" K=")
+        if k != "auto":
+            continue
+        fixed = {
+            n.rpartition(" K=")[2]: v["decode_tokens_per_s"]
+            for n, v in per_config.items()
+            if n.rpartition(" K=")[0] == drafter and n != name
+        }
+        if fixed:
+            best_k = max(fixed, key=fixed.__getitem__)
+            out[drafter] = (r["decode_tokens_per_s"] / fixed[best_k], best_k)
+    return out
+
+
 def format_report(results: dict[str, Any]) -> str:
     lines: list[str] = []
     m, costs = results["machine"], results["costs"]
@@ -84,6 +102,12 @@ def format_report(results: dict[str, Any]) -> str:
             f"best: {name} at {best['decode_tokens_per_s']:.1f} decode tok/s, speedup "
             f"{_f(best['speedup'])}"
         )
+        auto = adaptive_vs_fixed(per_config)
+        if auto:
+            lines.append(
+                "K=auto / best fixed K (decode tok/s): "
+                + ", ".join(f"{d} {ratio:.2f} (K={k})" for d, (ratio, k) in auto.items())
+            )
     if "sampling" in results:
         lines.append("")
         lines.append("== sampling (chat prompts)")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from conftest import TinyPair, needs_exporter
+from specx.runtime.bench_report import adaptive_vs_fixed
 from specx.runtime.cli import main
 
 pytestmark = needs_exporter
@@ -67,6 +69,25 @@ def test_bench_measures_every_configuration_and_writes_table_json_and_plot(
     assert "0.7" in data["sampling"]
     report = (out / "report.txt").read_text()
     assert "== chat" in report and "meas/pred" in report and "decode floor" in report
+    assert "K=auto / best fixed K (decode tok/s): mixed " in report
     assert (out / "speedup.png").stat().st_size > 10_000
     rerendered = CliRunner().invoke(main, ["bench", "x", "--from-json", str(out / "results.json")])
     assert rerendered.exit_code == 0 and "== code" in rerendered.output
+
+
+def test_the_report_compares_k_auto_with_each_drafters_best_fixed_k() -> None:
+    rows = {
+        name: {"decode_tokens_per_s": tps}
+        for name, tps in {
+            "target": 50.0,
+            "int8 K=1": 55.0,
+            "int8 K=2": 60.0,
+            "int8 K=auto": 57.0,
+            "ngram+int8 K=2": 70.0,
+            "ngram+int8 K=auto": 77.0,
+        }.items()
+    }
+    ratios = adaptive_vs_fixed(rows)
+    assert ratios["int8"] == (pytest.approx(0.95), "2")
+    assert ratios["ngram+int8"] == (pytest.approx(1.1), "2")
+    assert set(ratios) == {"int8", "ngram+int8"}
