@@ -129,6 +129,8 @@ class AdaptiveK(KPolicy):
 
     def next_k(self, source: str = DEFAULT_SOURCE) -> int:
         self._source = source
+        if source == "none":
+            return 0  # the drafter has nothing to offer (a lookup without a match)
         est = self._estimate(source)
         if est.steps == 0:
             k = self.k
@@ -149,6 +151,8 @@ class AdaptiveK(KPolicy):
         width = step.proposed + 1
         for i, x in enumerate((1.0, width, step.verify_s, width * width, width * step.verify_s)):
             self._fit[i] = d * self._fit[i] + x
+        if self._source == "none":
+            return  # a plain decode step: its verify time above is all there is to learn
         est = self._estimate(self._source)
         est.steps += 1
         if step.proposed:

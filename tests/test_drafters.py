@@ -214,6 +214,7 @@ def test_adaptive_k_keeps_separate_estimates_for_lookups_and_model_drafts() -> N
     assert policy.acceptance(3, "lookup") > 0.9 > 0.7 > policy.acceptance(3, "model")
     late_lookup, late_model = chosen["lookup"][-20:], chosen["model"][-20:]
     assert min(late_lookup) >= 6 and max(late_model) <= 3
+    assert policy.next_k("none") == 0  # a lookup without a match: a plain decode step
 
 
 def test_adaptive_k_inherits_what_an_earlier_generation_learned() -> None:
