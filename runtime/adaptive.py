@@ -5,9 +5,9 @@ independent acceptances this is Leviathan et al.'s (1 - alpha^(K+1)) / (1 - alph
 are not independent (an n-gram lookup that matches its first token tends to match a run), so the
 policy estimates the acceptance of each draft position given that the previous ones were accepted,
 from decayed counts, and multiplies them. The cost of a step is K draft passes plus one target pass
-over K + 1 tokens (a line fitted to the measured pass times). The policy takes the K in 0..max_k
-with the most expected tokens per second, tries a neighbouring K now and then to keep the
-estimates honest, and probes K = 2 after a run of K = 0.
+over K + 1 tokens (the passes measured at that width, shrunk toward a line through all). The
+policy takes the K in 0..max_k with the most expected tokens per second, tries a neighbouring K
+now and then to keep the estimates honest, and probes K = 2 after a run of K = 0.
 
 Acceptance and drafting cost are kept per *source*: the drafter says before each step where its
 proposal will come from (a hybrid drafter: a free n-gram lookup, or a draft-model pass per token).
@@ -75,6 +75,8 @@ class AdaptiveK(KPolicy):
         self.prior_weight = prior_weight
         self.sources: dict[str, SourceEstimate] = {}
         self._fit = [0.0] * 5  # target passes, decayed sums: n, sum w, sum t, sum w*w, sum w*t
+        self._by_width = [(0.0, 0.0)] * (max_k + 2)  # per width: decayed (passes, seconds)
+        self.width_prior = 1.0  # one pass's worth of weight for the line at each width
         self._source = DEFAULT_SOURCE  # the source of the step being chosen / observed
         self.history: list[int] = []
 
@@ -91,6 +93,8 @@ class AdaptiveK(KPolicy):
             name: est.scaled(self.max_k, keep) for name, est in previous.sources.items()
         }
         self._fit = [keep * x for x in previous._fit]
+        widths = [(keep * n, keep * t) for n, t in previous._by_width]
+        self._by_width = (widths + [(0.0, 0.0)] * len(self._by_width))[: len(self._by_width)]
 
     def acceptance(self, position: int, source: str = DEFAULT_SOURCE) -> float:
         """P(draft token at `position` (0-based) accepted | the earlier ones were).
@@ -111,7 +115,8 @@ class AdaptiveK(KPolicy):
             total += chain
         return total
 
-    def verify_s(self, width: int) -> float:
+    def verify_line_s(self, width: int) -> float:
+        """A target pass over `width` tokens, from a line fitted to every pass seen."""
         n, sw, st, sww, swt = self._fit
         if n < 1e-9:
             return 1.0
@@ -121,6 +126,17 @@ class AdaptiveK(KPolicy):
         # bound CPUs and GPUs measure: 5 tokens cost 1.1-1.25x one).
         slope = (swt / n - mean_w * mean_t) / var if var > 0.25 else 0.05 * mean_t / mean_w
         return max(1e-6, mean_t + max(0.0, slope) * (width - mean_w))
+
+    def verify_s(self, width: int) -> float:
+        """A target pass over `width` tokens: the passes measured at that width, shrunk toward
+        the line. The cost is not linear in the width (kernels change tile shapes: here 3 to 5
+        tokens cost about the same, 7 cost 15% more), and a line through all of it would
+        overcharge some widths and undercharge others."""
+        line = self.verify_line_s(width)
+        if width >= len(self._by_width):
+            return line
+        n, total = self._by_width[width]
+        return (total + self.width_prior * line) / (n + self.width_prior)
 
     def expected_rate(self, k: int, source: str = DEFAULT_SOURCE) -> float:
         """Expected tokens per second for K = k under the current estimates."""
@@ -151,6 +167,10 @@ class AdaptiveK(KPolicy):
         width = step.proposed + 1
         for i, x in enumerate((1.0, width, step.verify_s, width * width, width * step.verify_s)):
             self._fit[i] = d * self._fit[i] + x
+        self._by_width = [(d * n, d * t) for n, t in self._by_width]  # stale widths fade
+        if width < len(self._by_width):
+            n, t = self._by_width[width]
+            self._by_width[width] = (n + 1.0, t + step.verify_s)
         if self._source == "none":
             return  # a plain decode step: its verify time above is all there is to learn
         est = self._estimate(self._source)

@@ -217,6 +217,22 @@ def test_adaptive_k_keeps_separate_estimates_for_lookups_and_model_drafts() -> N
     assert policy.next_k("none") == 0  # a lookup without a match: a plain decode step
 
 
+def test_adaptive_k_charges_each_verify_width_what_it_was_measured_to_cost() -> None:
+    """Pass time is not linear in the width (3 to 5 tokens cost the same here, 7 a third more):
+    a line would overcharge K = 4 and undercharge K = 6."""
+    policy = AdaptiveK(max_k=6)
+    measured = {1: 0.030, 2: 0.031, 3: 0.032, 4: 0.032, 5: 0.032, 6: 0.037, 7: 0.043}
+    for _ in range(12):
+        for width, seconds in measured.items():
+            policy.next_k("model")
+            policy.observe(StepResult(ids(0), width - 1, 0, 0.01 * (width - 1), seconds, 0, 1))
+    for width, seconds in measured.items():
+        assert policy.verify_s(width) == pytest.approx(seconds, rel=0.05)
+    assert policy.verify_line_s(5) > 1.05 * policy.verify_s(5)
+    assert policy.verify_line_s(7) < 0.95 * policy.verify_s(7)
+    assert AdaptiveK(max_k=2).verify_s(9) == 1.0  # nothing measured, width beyond any K
+
+
 def test_adaptive_k_inherits_what_an_earlier_generation_learned() -> None:
     learned = AdaptiveK(max_k=6)
     for _ in range(30):
