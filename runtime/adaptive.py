@@ -4,10 +4,11 @@ Expected tokens from a proposal of K: 1 + sum over j <= K of P(draft tokens 1..j
 independent acceptances this is Leviathan et al.'s (1 - alpha^(K+1)) / (1 - alpha); real drafters
 are not independent (an n-gram lookup that matches its first token tends to match a run), so the
 policy estimates the acceptance of each draft position given that the previous ones were accepted,
-from decayed counts, and multiplies them. The cost of a step is K draft passes plus one target pass
-over K + 1 tokens (the passes measured at that width, shrunk toward a line through all). The
-policy takes the K in 0..max_k with the most expected tokens per second, tries a neighbouring K
-now and then to keep the estimates honest, and probes K = 2 after a run of K = 0.
+from decayed counts, and multiplies them. The cost of a step is drafting K tokens plus one
+target pass over K + 1 tokens, each as measured at that K (shrunk toward a cost per token, and a
+line through all widths, where few were measured): neither is proportional to K. The policy takes
+the K in 0..max_k with the most expected tokens per second, tries a neighbouring K now and then to
+keep the estimates honest, and probes K = 2 after a run of K = 0.
 
 Acceptance and drafting cost are kept per *source*: the drafter says before each step where its
 proposal will come from (a hybrid drafter: a free n-gram lookup, or a draft-model pass per token).
@@ -36,12 +37,25 @@ class SourceEstimate:
     accepted: list[float] = field(default_factory=list)
     draft_pass_s: float = 0.0  # drafting cost per proposed token
     draft_seen: bool = False
+    # per K: decayed (steps, seconds) of drafting K tokens. A step's drafting also pays for
+    # feeding the draft what the target committed (two tokens after a full acceptance), a
+    # cost per step, not per token; measured per K it is charged where it falls.
+    draft_by_k: list[tuple[float, float]] = field(default_factory=list)
     steps: int = 0
     zero_streak: int = 0
 
     def __post_init__(self) -> None:
         self.reached += [0.0] * (self.max_k - len(self.reached))
         self.accepted += [0.0] * (self.max_k - len(self.accepted))
+        self.draft_by_k += [(0.0, 0.0)] * (self.max_k + 1 - len(self.draft_by_k))
+
+    def draft_s(self, k: int, prior: float) -> float:
+        """Drafting k tokens: what it cost at this K, shrunk toward k times the cost per token."""
+        per_token = k * self.draft_pass_s
+        if k >= len(self.draft_by_k):
+            return per_token
+        n, total = self.draft_by_k[k]
+        return (total + prior * per_token) / (n + prior)
 
     def scaled(self, max_k: int, keep: float) -> SourceEstimate:
         """A copy for a later generation: counts weighted by `keep`, costs as they were."""
@@ -51,6 +65,7 @@ class SourceEstimate:
             [keep * a for a in self.accepted[:max_k]],
             self.draft_pass_s,
             self.draft_seen,
+            [(keep * n, keep * t) for n, t in self.draft_by_k[: max_k + 1]],
             1 if self.steps else 0,
         )
 
@@ -140,7 +155,7 @@ class AdaptiveK(KPolicy):
 
     def expected_rate(self, k: int, source: str = DEFAULT_SOURCE) -> float:
         """Expected tokens per second for K = k under the current estimates."""
-        cost = k * self._estimate(source).draft_pass_s + self.verify_s(k + 1)
+        cost = self._estimate(source).draft_s(k, self.width_prior) + self.verify_s(k + 1)
         return self.expected_tokens(k, source) / cost
 
     def next_k(self, source: str = DEFAULT_SOURCE) -> int:
@@ -183,6 +198,10 @@ class AdaptiveK(KPolicy):
                 weight = 0.3 if est.draft_seen else 1.0
                 est.draft_pass_s = (1 - weight) * est.draft_pass_s + weight * per_token
                 est.draft_seen = True
+                est.draft_by_k = [(d * n, d * t) for n, t in est.draft_by_k]
+                if step.proposed < len(est.draft_by_k):
+                    n, t = est.draft_by_k[step.proposed]
+                    est.draft_by_k[step.proposed] = (n + 1.0, t + step.draft_s)
             elif not est.draft_seen or per_token < est.draft_pass_s:
                 # a first pass that also caught up several tokens costs at least a one-token
                 # pass: an upper bound, which corrects an estimate inflated by a slow first step

@@ -337,7 +337,10 @@ def run_bench(cfg: BenchConfig, progress: Progress) -> dict[str, Any]:
     for rep in range(cfg.repeats):
         for w, plist in prompts.items():
             for i, prompt in enumerate(plist):
-                for run in runs:
+                # a different configuration goes first each time: slow drifts of the machine
+                # spread over all of them rather than always hitting the same neighbours
+                shift = (rep * len(plist) + i) % len(runs)
+                for run in runs[shift:] + runs[:shift]:
                     res = _generate(pipe, prompt, run, cfg.max_new_tokens, greedy)
                     records.append(RunRecord.of(w, run["name"], rep, i, res.stats))
                     done += 1
