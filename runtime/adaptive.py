@@ -19,11 +19,17 @@ cost is shared: it does not depend on who drafted.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
+from specx.runtime.drafters import DraftPlan
 from specx.runtime.generate import KPolicy, StepResult
 
 DEFAULT_SOURCE = "draft"
+# Buckets of a draft model's own top probability, and the acceptance guessed for each before the
+# run has measured it (the quantized drafts measured here: 0.4, 0.75, 0.9, 0.97, 1.0, 1.0).
+CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.9, 0.97)
+CONFIDENCE_PRIOR = (0.35, 0.6, 0.8, 0.9, 0.95, 0.98)
 
 
 @dataclass
@@ -41,6 +47,11 @@ class SourceEstimate:
     # feeding the draft what the target committed (two tokens after a full acceptance), a
     # cost per step, not per token; measured per K it is charged where it falls.
     draft_by_k: list[tuple[float, float]] = field(default_factory=list)
+    # per confidence bucket: decayed tokens verified, and accepted, of a drafter that reports
+    # its confidence (a draft model does, a lookup does not)
+    confidence_reached: list[float] = field(default_factory=lambda: [0.0] * 6)
+    confidence_accepted: list[float] = field(default_factory=lambda: [0.0] * 6)
+    confidence_seen: bool = False
     steps: int = 0
     zero_streak: int = 0
 
@@ -66,8 +77,18 @@ class SourceEstimate:
             self.draft_pass_s,
             self.draft_seen,
             [(keep * n, keep * t) for n, t in self.draft_by_k[: max_k + 1]],
+            [keep * r for r in self.confidence_reached],
+            [keep * a for a in self.confidence_accepted],
+            self.confidence_seen,
             1 if self.steps else 0,
         )
+
+    def accept_given_confidence(self, top: float, prior_weight: float) -> float:
+        """P(a draft token is accepted | the earlier ones were, the draft's top probability)."""
+        b = bisect.bisect_right(CONFIDENCE_EDGES, top)
+        prior = CONFIDENCE_PRIOR[b]
+        reached, accepted = self.confidence_reached[b], self.confidence_accepted[b]
+        return (accepted + prior_weight * prior) / (reached + prior_weight)
 
 
 class AdaptiveK(KPolicy):
@@ -91,8 +112,10 @@ class AdaptiveK(KPolicy):
         self.sources: dict[str, SourceEstimate] = {}
         self._fit = [0.0] * 5  # target passes, decayed sums: n, sum w, sum t, sum w*w, sum w*t
         self._by_width = [(0.0, 0.0)] * (max_k + 2)  # per width: decayed (passes, seconds)
+        self.confidence_decay = 0.98  # per step; buckets fill slower than positions
         self.width_prior = 1.0  # one pass's worth of weight for the line at each width
         self._source = DEFAULT_SOURCE  # the source of the step being chosen / observed
+        self.token_s: float | None = None  # seconds per committed token, recent steps
         self.history: list[int] = []
 
     def _estimate(self, source: str) -> SourceEstimate:
@@ -108,6 +131,7 @@ class AdaptiveK(KPolicy):
             name: est.scaled(self.max_k, keep) for name, est in previous.sources.items()
         }
         self._fit = [keep * x for x in previous._fit]
+        self.token_s = previous.token_s
         widths = [(keep * n, keep * t) for n, t in previous._by_width]
         self._by_width = (widths + [(0.0, 0.0)] * len(self._by_width))[: len(self._by_width)]
 
@@ -174,8 +198,44 @@ class AdaptiveK(KPolicy):
                 k = 1  # hysteresis: leaving the drafter idle makes it catch up later
             if est.steps % self.explore_every == 0 and k > 0:
                 k = min(self.max_k, k + 1)  # look one further: is the next position worth it?
+            if k > 0 and est.confidence_seen and self.token_s is not None:
+                k = self.max_k  # the draft's confidence decides, token by token (see plan)
         self.history.append(k)
         return k
+
+    def plan(self) -> DraftPlan | None:
+        """For a draft that reports its confidence: take each drafted token while the chance
+        that it is accepted (it and all before it), times the time a token costs this run, pays
+        for widening the verify pass; draft another while that chance times the acceptance
+        expected of the next token pays for a draft pass as well (the rate-maximizing marginal
+        rule: an action pays if it adds tokens at least as cheaply as the run makes them). The
+        draft's confidence tells an easy stretch from a hard one before the target sees it, which
+        no K fixed in advance can (SpecDec++, Huang et al. 2024, also stops on a learned
+        acceptance estimate)."""
+        est = self.sources.get(self._source)
+        token_s = self.token_s
+        if est is None or not est.confidence_seen or token_s is None:
+            return None
+        chain = [1.0]  # P(every token so far accepted)
+
+        def rule(position: int, top: float) -> tuple[bool, bool]:
+            if position == 0:
+                chain[0] = 1.0
+            accept = est.accept_given_confidence(top, self.prior_weight)
+            chain[0] *= accept
+            gain_s = chain[0] * token_s  # expected time this token saves
+            widen = self.verify_s(position + 2) - self.verify_s(position + 1)
+            if gain_s < widen:
+                return False, False
+            if position + 1 >= self.max_k:
+                return True, False
+            # the next token's confidence is unknown until drafted; confident stretches tend to
+            # go on, so expect what this token's confidence predicts
+            next_gain_s = gain_s * accept
+            widen_next = self.verify_s(position + 3) - self.verify_s(position + 2)
+            return True, next_gain_s >= est.draft_pass_s + widen_next
+
+        return rule
 
     def observe(self, step: StepResult) -> None:
         d = self.decay
@@ -186,6 +246,9 @@ class AdaptiveK(KPolicy):
         if width < len(self._by_width):
             n, t = self._by_width[width]
             self._by_width[width] = (n + 1.0, t + step.verify_s)
+        step_s = step.draft_s + step.verify_s
+        per_token = step_s / (step.accepted + 1)
+        self.token_s = per_token if self.token_s is None else 0.9 * self.token_s + 0.1 * per_token
         if self._source == "none":
             return  # a plain decode step: its verify time above is all there is to learn
         est = self._estimate(self._source)
@@ -215,3 +278,12 @@ class AdaptiveK(KPolicy):
         for i in range(verified):
             est.reached[i] = d * est.reached[i] + 1.0
             est.accepted[i] = d * est.accepted[i] + (1.0 if i < step.accepted else 0.0)
+        if step.confidence is not None and step.confidence.shape[0] == step.proposed:
+            est.confidence_seen = True
+            dc = self.confidence_decay
+            est.confidence_reached = [dc * r for r in est.confidence_reached]
+            est.confidence_accepted = [dc * a for a in est.confidence_accepted]
+            for i in range(verified):
+                b = bisect.bisect_right(CONFIDENCE_EDGES, float(step.confidence[i]))
+                est.confidence_reached[b] += 1.0
+                est.confidence_accepted[b] += 1.0 if i < step.accepted else 0.0

@@ -6,7 +6,9 @@ One narrow interface (like transformers' ``CandidateGenerator``):
     source(context)                where the next proposal will come from ("model", "lookup",
                                    "none" when there is nothing to propose), asked before
                                    `propose` so that `-k auto` can choose K per source
-    propose(context, k)            up to k tokens that may follow `context` (every committed token)
+    propose(context, k, plan)      up to k tokens that may follow `context` (every committed token);
+                                   a drafter that knows its confidence asks `plan` after each
+                                   token whether to take it and whether to draft another
     commit(num_accepted)           how many of the last proposal the target accepted
 
 A drafter that samples returns the distributions it sampled from (``p_draft``), so that the
@@ -16,6 +18,7 @@ tokens count as point masses.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,6 +32,11 @@ from specx.runtime.session import ModelSession
 class Proposal:
     tokens: np.ndarray  # [n] int64, n <= k
     p_draft: np.ndarray | None  # [n, target_vocab] or None (deterministic: point masses)
+    confidence: np.ndarray | None = None  # [n] the draft's top probability at each token
+
+
+# (position, the draft's top probability there) -> (take this token, draft another after it)
+DraftPlan = Callable[[int, float], tuple[bool, bool]]
 
 
 class Drafter(Protocol):
@@ -44,7 +52,7 @@ class Drafter(Protocol):
 
     def source(self, context: np.ndarray) -> str: ...
 
-    def propose(self, context: np.ndarray, k: int) -> Proposal: ...
+    def propose(self, context: np.ndarray, k: int, plan: DraftPlan | None = None) -> Proposal: ...
 
     def commit(self, num_accepted: int) -> None: ...
 
@@ -104,13 +112,13 @@ class ModelDrafter:
         if prompt.shape[0] > 1:
             self.session.prefill(self._input(prompt[:-1]), self.cache)
 
-    def _next(self, logits: np.ndarray) -> tuple[int, np.ndarray | None, float]:
+    def _next(self, logits: np.ndarray, want_top: bool) -> tuple[int, np.ndarray | None, float]:
         """(token, its distribution over the target vocab or None if greedy, top probability)."""
         row = logits[: self.shared_vocab]
         if self._sampling.greedy:
             token = int(np.argmax(row))
             top = 1.0
-            if self.min_confidence > 0.0:
+            if want_top:
                 top = float(1.0 / np.sum(np.exp(row - row[token])))  # softmax at the argmax
             return token, None, top
         probs = warp(row, self._sampling)  # [shared_vocab]
@@ -122,7 +130,7 @@ class ModelDrafter:
     def source(self, context: np.ndarray) -> str:
         return "model"
 
-    def propose(self, context: np.ndarray, k: int) -> Proposal:
+    def propose(self, context: np.ndarray, k: int, plan: DraftPlan | None = None) -> Proposal:
         self._context_len = int(context.shape[0])
         self._fed_from_proposal = 0
         if k <= 0:
@@ -133,19 +141,26 @@ class ModelDrafter:
         assert logits is not None
         tokens: list[int] = []
         rows: list[np.ndarray] = []
+        tops: list[float] = []
+        want_top = plan is not None or self.min_confidence > 0.0
         for i in range(k):
-            token, probs, top = self._next(logits)
+            token, probs, top = self._next(logits, want_top)
             if i > 0 and top < self.min_confidence:
                 break  # the draft is unsure: verify what we have
+            take, more = plan(i, top) if plan is not None else (True, True)
+            if not take:
+                break
             tokens.append(token)
+            tops.append(top)
             if probs is not None:
                 rows.append(probs)
-            if i == k - 1 or (self.eos.size and token in self.eos):
+            if not more or i == k - 1 or (self.eos.size and token in self.eos):
                 break
             logits = self.session.forward(self._input(np.array([token])), self.cache)[0]
             self._fed_from_proposal += 1
         p_draft = np.stack(rows) if rows else None  # [n, target_vocab]
-        return Proposal(np.asarray(tokens, dtype=np.int64), p_draft)
+        confidence = np.asarray(tops) if want_top else None  # [n]
+        return Proposal(np.asarray(tokens, dtype=np.int64), p_draft, confidence)
 
     def commit(self, num_accepted: int) -> None:
         kept = self._context_len + min(num_accepted, self._fed_from_proposal)
@@ -211,7 +226,8 @@ class NgramDrafter:
     def source(self, context: np.ndarray) -> str:
         return "lookup" if self.continuation(context).size else "none"
 
-    def propose(self, context: np.ndarray, k: int) -> Proposal:
+    def propose(self, context: np.ndarray, k: int, plan: DraftPlan | None = None) -> Proposal:
+        """`plan` is not asked: a lookup has no confidence, and its tokens cost nothing."""
         found = self.continuation(context)
         self.forget()
         return Proposal(found[:k] if k > 0 else EMPTY, None)
@@ -250,11 +266,11 @@ class HybridDrafter:
         matched = self.lookup.continuation(context).shape[0] >= self.min_match_tokens
         return "lookup" if matched else "model"
 
-    def propose(self, context: np.ndarray, k: int) -> Proposal:
+    def propose(self, context: np.ndarray, k: int, plan: DraftPlan | None = None) -> Proposal:
         self._used_model = self.source(context) == "model"
         if self._used_model:
             self.lookup.forget()
-            return self.model.propose(context, k)
+            return self.model.propose(context, k, plan)
         return self.lookup.propose(context, k)
 
     def commit(self, num_accepted: int) -> None:

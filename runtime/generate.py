@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specx.runtime.drafters import Drafter
+from specx.runtime.drafters import Drafter, DraftPlan
 from specx.runtime.kv_cache import KVCache
 from specx.runtime.sampling import SamplingParams, warp
 from specx.runtime.session import ModelSession
@@ -31,6 +31,7 @@ class StepResult:
     verify_s: float = 0.0
     draft_passes: int = 0
     catchup: int = 0  # committed tokens the drafter had to feed before drafting
+    confidence: np.ndarray | None = None  # [proposed] the draft's top probability per token
 
 
 def speculative_step(
@@ -42,11 +43,12 @@ def speculative_step(
     sampling: SamplingParams,
     rng: np.random.Generator,
     stats: Stats,
+    plan: DraftPlan | None = None,
 ) -> StepResult:
     """One round: the drafter proposes up to k tokens, the target verifies them in one pass."""
     t0 = time.perf_counter()
     passes_before = drafter.model_passes if drafter is not None else 0
-    proposal = drafter.propose(context, k) if drafter is not None and k > 0 else None
+    proposal = drafter.propose(context, k, plan) if drafter is not None and k > 0 else None
     draft_tokens = proposal.tokens if proposal is not None else np.zeros(0, np.int64)  # [n]
     t1 = time.perf_counter()
     committed = cache.length
@@ -68,8 +70,16 @@ def speculative_step(
     tokens = np.append(draft_tokens[:n_accepted], np.int64(next_token))
     draft_passes = drafter.model_passes - passes_before if drafter is not None else 0
     catchup = int(getattr(drafter, "last_catchup", 0))
+    confidence = proposal.confidence if proposal is not None else None
     return StepResult(
-        tokens, int(draft_tokens.shape[0]), n_accepted, t1 - t0, t2 - t1, draft_passes, catchup
+        tokens,
+        int(draft_tokens.shape[0]),
+        n_accepted,
+        t1 - t0,
+        t2 - t1,
+        draft_passes,
+        catchup,
+        confidence,
     )
 
 
@@ -85,6 +95,10 @@ class KPolicy:
 
     def observe(self, step: StepResult) -> None:
         """Told after every step how the proposal fared (adaptive policies learn from it)."""
+
+    def plan(self) -> DraftPlan | None:
+        """A rule the drafter applies token by token while drafting (None: draft all k)."""
+        return None
 
 
 def decode_loop(
@@ -133,8 +147,9 @@ def decode_loop(
                 return
             source = drafter.source(context_buf[:n_context]) if drafter is not None else "none"
             k = min(policy.next_k(source), room, remaining - 1)
+            context = context_buf[:n_context]
             step = speculative_step(
-                target, cache, drafter, context_buf[:n_context], k, sampling, rng, stats
+                target, cache, drafter, context, k, sampling, rng, stats, policy.plan()
             )
             policy.observe(step)
             tokens = step.tokens[:remaining]

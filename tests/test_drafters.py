@@ -233,6 +233,39 @@ def test_adaptive_k_charges_each_verify_width_what_it_was_measured_to_cost() -> 
     assert AdaptiveK(max_k=2).verify_s(9) == 1.0  # nothing measured, width beyond any K
 
 
+def test_adaptive_k_drafts_while_the_draft_is_confident_and_stops_when_it_is_not() -> None:
+    """A draft whose confident tokens are accepted and whose unsure ones are rejected: once the
+    run has learned that, drafting goes on through confident stretches (up to max_k) and stops
+    at the first unsure token."""
+    policy = AdaptiveK(max_k=6, start_k=3)
+    rng = np.random.default_rng(2)
+    lengths = []
+    for _ in range(80):
+        k, plan = policy.next_k("model"), policy.plan()
+        tops: list[float] = []
+        for i in range(k):  # what a draft model does with the plan
+            top = 0.95 if rng.random() < 0.7 else 0.2
+            take, more = plan(i, top) if plan is not None else (True, True)
+            if not take:
+                break
+            tops.append(top)
+            if not more:
+                break
+        n, unsure = len(tops), [i for i, t in enumerate(tops) if t < 0.5]
+        accepted = unsure[0] if unsure else n
+        result = StepResult(ids(0), n, accepted, 0.01 * n, 0.03 + 0.003 * n, n, 1, np.array(tops))
+        policy.observe(result)
+        lengths.append(n)
+    assert max(lengths[-30:]) == 6  # confident stretches are drafted to max_k
+    assert policy.next_k("model") == 6
+    plan = policy.plan()
+    assert plan is not None
+    assert [plan(i, 0.99) for i in range(3)] == [(True, True)] * 3
+    assert plan(3, 0.1)[0] is False  # an unsure token is not worth verifying
+    assert plan(0, 0.99) == (True, True)  # a new proposal starts a new chain
+    assert AdaptiveK().plan() is None  # nothing learned: draft all of K
+
+
 def test_adaptive_k_inherits_what_an_earlier_generation_learned() -> None:
     learned = AdaptiveK(max_k=6)
     for _ in range(30):

@@ -59,7 +59,7 @@ class ScriptedDrafter:
     def source(self, context: np.ndarray) -> str:
         return "script"
 
-    def propose(self, context: np.ndarray, k: int) -> Proposal:
+    def propose(self, context: np.ndarray, k: int, plan: Any = None) -> Proposal:
         produced = len(context) - self.prompt_len
         want_k, good = self.plan[self.step % len(self.plan)]
         self.step += 1
