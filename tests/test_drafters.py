@@ -315,3 +315,29 @@ def test_the_hybrid_drafter_uses_lookups_and_the_model_and_stays_exact(
         prompt, max_new_tokens=30, k=3, drafter="ngram+mixed", temperature=0.8, seed=5
     )
     assert sampled.token_ids == again.token_ids
+
+
+def test_the_replay_simulation_runs_the_real_policy_on_a_recorded_trace() -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "adaptive_sim.py"
+    spec = importlib.util.spec_from_file_location("adaptive_sim", path)
+    assert spec is not None and spec.loader is not None
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    # an easy text (8 of 8 accepted, confident) followed by a hard one (nothing accepted, unsure)
+    trace = {
+        "accepted": [8] * 30 + [0] * 30,
+        "confidence": [[0.99] * 8] * 30 + [[0.2] * 8] * 30,
+    }
+    costs = {"target": {w: 0.020 + 0.001 * w for w in range(1, 8)}, "draft": {1: 0.01, 2: 0.011}}
+    rng = np.random.default_rng(0)
+    rates = {}
+    for k in (1, 4):
+        tokens, seconds = sim.replay(trace, costs, None, k, rng)
+        assert tokens == 60 and seconds > 0
+        rates[k] = tokens / seconds
+    policy = AdaptiveK(max_k=6)
+    tokens, seconds = sim.replay(trace, costs, policy, 0, rng)
+    assert tokens == 60 and policy.history
+    assert tokens / seconds > max(rates.values())  # long where easy, nothing wasted where hard
