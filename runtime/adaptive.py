@@ -91,6 +91,10 @@ class SourceEstimate:
         return (accepted + prior_weight * prior) / (reached + prior_weight)
 
 
+def _take_all(position: int, top: float) -> tuple[bool, bool]:
+    return True, True
+
+
 class AdaptiveK(KPolicy):
     def __init__(
         self,
@@ -212,10 +216,10 @@ class AdaptiveK(KPolicy):
         draft's confidence tells an easy stretch from a hard one before the target sees it, which
         no K fixed in advance can (SpecDec++, Huang et al. 2024, also stops on a learned
         acceptance estimate)."""
-        est = self.sources.get(self._source)
+        est = self._estimate(self._source)
         token_s = self.token_s
-        if est is None or not est.confidence_seen or token_s is None:
-            return None
+        if not est.confidence_seen or token_s is None:
+            return _take_all  # nothing calibrated yet: draft all of K, and report confidences
         chain = [1.0]  # P(every token so far accepted)
 
         def rule(position: int, top: float) -> tuple[bool, bool]:

@@ -263,7 +263,7 @@ def test_adaptive_k_drafts_while_the_draft_is_confident_and_stops_when_it_is_not
     assert [plan(i, 0.99) for i in range(3)] == [(True, True)] * 3
     assert plan(3, 0.1)[0] is False  # an unsure token is not worth verifying
     assert plan(0, 0.99) == (True, True)  # a new proposal starts a new chain
-    assert AdaptiveK().plan() is None  # nothing learned: draft all of K
+    assert AdaptiveK().plan()(5, 0.01) == (True, True)  # nothing learned: draft all of K
 
 
 def test_adaptive_k_inherits_what_an_earlier_generation_learned() -> None:

@@ -47,7 +47,7 @@ def exact_first_two(model: Any, params: SamplingParams, eos: int) -> dict[tuple[
     return joint
 
 
-def sampled_pairs(pipe: Pipeline, params: SamplingParams, k: int, eos: int) -> list[Any]:
+def sampled_pairs(pipe: Pipeline, params: SamplingParams, k: int | str, eos: int) -> list[Any]:
     pairs = []
     for seed in range(SAMPLES):
         seeded = SamplingParams(params.temperature, params.top_k, params.top_p, params.min_p, seed)
@@ -61,9 +61,11 @@ def sampled_pairs(pipe: Pipeline, params: SamplingParams, k: int, eos: int) -> l
     [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=6, top_p=0.9)],
     ids=["temperature 1", "temperature 0.8 top-k 6 top-p 0.9"],
 )
-@pytest.mark.parametrize("k", [0, 1, 4])
+# "auto": the pipeline carries the policy between generations, so after the first one the draft
+# is cut token by token by its confidence (AdaptiveK.plan); the output must not notice
+@pytest.mark.parametrize("k", [0, 1, 4, "auto"])
 def test_first_two_tokens_follow_the_targets_distribution(
-    small_vocab_pair: TinyPair, params: SamplingParams, k: int
+    small_vocab_pair: TinyPair, params: SamplingParams, k: int | str
 ) -> None:
     pipe = Pipeline.load(small_vocab_pair.artifact)
     eos = pipe.manifest.special_tokens.eos_token_ids[0]
@@ -75,6 +77,9 @@ def test_first_two_tokens_follow_the_targets_distribution(
         first[a] = first.get(a, 0.0) + p
     assert chi_square_p_value([a for a, _ in pairs], first) > ALPHA
     assert chi_square_p_value(pairs, expected) > ALPHA
+    if k == "auto":  # the confidence plan really cut proposals here
+        policy = pipe._learned[pipe.default_drafter]
+        assert any(e.confidence_seen for e in policy.sources.values())
 
 
 def test_the_draft_is_neither_always_right_nor_always_wrong(small_vocab_pair: TinyPair) -> None:
