@@ -27,7 +27,8 @@ from specx.runtime.generate import KPolicy, StepResult
 
 DEFAULT_SOURCE = "draft"
 # Buckets of a draft model's own top probability, and the acceptance guessed for each before the
-# run has measured it (the quantized drafts measured here: 0.4, 0.75, 0.9, 0.97, 1.0, 1.0).
+# run has measured it (the int8 draft measured here: 0.41, 0.75, 0.90, 0.97, 1.0, 1.0, see
+# docs/bench/adaptive-sim.txt).
 CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.9, 0.97)
 CONFIDENCE_PRIOR = (0.35, 0.6, 0.8, 0.9, 0.95, 0.98)
 
@@ -139,24 +140,29 @@ class AdaptiveK(KPolicy):
         widths = [(keep * n, keep * t) for n, t in previous._by_width]
         self._by_width = (widths + [(0.0, 0.0)] * len(self._by_width))[: len(self._by_width)]
 
-    def acceptance(self, position: int, source: str = DEFAULT_SOURCE) -> float:
-        """P(draft token at `position` (0-based) accepted | the earlier ones were).
+    def acceptances(self, source: str = DEFAULT_SOURCE) -> list[float]:
+        """[max_k] P(draft token at each position accepted | the earlier ones were).
 
         Each position's estimate is shrunk toward the previous position's (and the first toward
         `prior_accept`), so that positions rarely reached borrow what is known: acceptance given
         a run of accepted tokens is seldom lower than before it."""
         est = self._estimate(source)
-        p = self.prior_accept
-        for i in range(position + 1):
-            p = (est.accepted[i] + self.prior_weight * p) / (est.reached[i] + self.prior_weight)
-        return p
+        p, out = self.prior_accept, []
+        for reached, accepted in zip(est.reached, est.accepted, strict=True):
+            p = (accepted + self.prior_weight * p) / (reached + self.prior_weight)
+            out.append(p)
+        return out
 
-    def expected_tokens(self, k: int, source: str = DEFAULT_SOURCE) -> float:
-        total, chain = 1.0, 1.0
-        for i in range(k):
-            chain *= self.acceptance(i, source)
-            total += chain
-        return total
+    def acceptance(self, position: int, source: str = DEFAULT_SOURCE) -> float:
+        return self.acceptances(source)[position]
+
+    def expected_tokens(self, source: str = DEFAULT_SOURCE) -> list[float]:
+        """[max_k + 1] expected tokens from a step proposing K = 0..max_k."""
+        totals, chain = [1.0], 1.0
+        for p in self.acceptances(source):
+            chain *= p
+            totals.append(totals[-1] + chain)
+        return totals
 
     def verify_line_s(self, width: int) -> float:
         """A target pass over `width` tokens, from a line fitted to every pass seen."""
@@ -172,19 +178,22 @@ class AdaptiveK(KPolicy):
 
     def verify_s(self, width: int) -> float:
         """A target pass over `width` tokens: the passes measured at that width, shrunk toward
-        the line. The cost is not linear in the width (kernels change tile shapes: here 3 to 5
-        tokens cost about the same, 7 cost 15% more), and a line through all of it would
-        overcharge some widths and undercharge others."""
+        the line. The cost is not linear in the width (measured here, docs/bench/adaptive-sim.txt:
+        3 to 5 tokens cost within 3% of each other, 7 cost 11-12% more than 5), and a line through
+        all of it would overcharge some widths and undercharge others."""
         line = self.verify_line_s(width)
         if width >= len(self._by_width):
             return line
         n, total = self._by_width[width]
         return (total + self.width_prior * line) / (n + self.width_prior)
 
-    def expected_rate(self, k: int, source: str = DEFAULT_SOURCE) -> float:
-        """Expected tokens per second for K = k under the current estimates."""
-        cost = self._estimate(source).draft_s(k, self.width_prior) + self.verify_s(k + 1)
-        return self.expected_tokens(k, source) / cost
+    def expected_rates(self, source: str = DEFAULT_SOURCE) -> list[float]:
+        """[max_k + 1] expected tokens per second for K = 0..max_k under the current estimates."""
+        est = self._estimate(source)
+        return [
+            tokens / (est.draft_s(k, self.width_prior) + self.verify_s(k + 1))
+            for k, tokens in enumerate(self.expected_tokens(source))
+        ]
 
     def next_k(self, source: str = DEFAULT_SOURCE) -> int:
         self._source = source
@@ -196,7 +205,7 @@ class AdaptiveK(KPolicy):
         elif est.zero_streak >= self.probe_every:
             k = min(2, self.max_k)  # a probe: has the drafter started to agree again?
         else:
-            rates = [self.expected_rate(k, source) for k in range(self.max_k + 1)]
+            rates = self.expected_rates(source)
             k = max(range(self.max_k + 1), key=rates.__getitem__)
             if k == 0 and rates[1] >= 0.95 * rates[0]:
                 k = 1  # hysteresis: leaving the drafter idle makes it catch up later

@@ -145,9 +145,9 @@ def decode_loop(
             if room < 0:
                 stats.stop_reason = "max_length"
                 return
-            source = drafter.source(context_buf[:n_context]) if drafter is not None else "none"
-            k = min(policy.next_k(source), room, remaining - 1)
             context = context_buf[:n_context]
+            source = drafter.source(context) if drafter is not None else "none"
+            k = min(policy.next_k(source), room, remaining - 1)
             step = speculative_step(
                 target, cache, drafter, context, k, sampling, rng, stats, policy.plan()
             )

@@ -16,6 +16,7 @@ generations as the pipeline does). The output: tokens/s per policy and K=auto / 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from specx.runtime import Pipeline
-from specx.runtime.adaptive import AdaptiveK
+from specx.runtime.adaptive import CONFIDENCE_EDGES, AdaptiveK
 from specx.runtime.bench import load_workloads
 from specx.runtime.generate import StepResult
 
@@ -49,10 +50,9 @@ def record(pipe: Pipeline, drafter: str, prompt: np.ndarray, text: np.ndarray) -
             committed = cache.length
             tokens, tops = [], []
             for _ in range(DEPTH):
-                row = logits[: draft.shared_vocab].astype(np.float64)  # type: ignore[union-attr]
-                token = int(np.argmax(row))
+                token, _, top = draft._next(logits, want_top=True)  # type: ignore[union-attr]
                 tokens.append(token)
-                tops.append(float(1.0 / np.sum(np.exp(row - row[token]))))
+                tops.append(top)
                 logits = session.forward(np.array([token]), cache)[0]
             cache.truncate(committed)
             truth = text[pos : pos + DEPTH]
@@ -90,6 +90,44 @@ def pass_times(pipe: Pipeline, drafter: str, reps: int = 30) -> dict[str, Any]:
     finally:
         pipe._release(ws)
     return out
+
+
+def confidence_cost(pipe: Pipeline, drafter: str, reps: int = 200) -> float:
+    """Median seconds the draft's top probability adds to choosing a draft token."""
+    ws = pipe._acquire(drafter)
+    try:
+        draft = ws.drafter
+        logits = np.random.default_rng(0).standard_normal(draft.session.vocab_size)  # type: ignore[union-attr]
+        logits = logits.astype(np.float32)
+        extra = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            draft._next(logits, want_top=False)  # type: ignore[union-attr]
+            t1 = time.perf_counter()
+            draft._next(logits, want_top=True)  # type: ignore[union-attr]
+            extra.append((time.perf_counter() - t1) - (t1 - t0))
+        return float(np.median(extra))
+    finally:
+        pipe._release(ws)
+
+
+def calibration(traces: dict[str, Any], drafter: str) -> str:
+    """Acceptance of a draft token (given the earlier ones accepted) by the draft's confidence."""
+    edges = [0.0, *CONFIDENCE_EDGES, 1.0]
+    reached = np.zeros(len(edges) - 1)
+    accepted = np.zeros(len(edges) - 1)
+    for key, trace in traces.items():
+        if key.endswith("/" + drafter):
+            for n, tops in zip(trace["accepted"], trace["confidence"], strict=True):
+                for i in range(min(n + 1, DEPTH)):
+                    b = bisect.bisect_right(CONFIDENCE_EDGES, tops[i])
+                    reached[b] += 1
+                    accepted[b] += i < n
+    return ", ".join(
+        f"{edges[b]:.2f}-{edges[b + 1]:.2f}: {accepted[b] / reached[b]:.2f} (n={int(reached[b])})"
+        for b in range(len(reached))
+        if reached[b]
+    )
 
 
 def replay(
@@ -178,6 +216,12 @@ def main() -> None:
             f"\n{d}: draft pass / target pass c = {c:.2f}; target pass by width (ms): "
             + ", ".join(f"{w}: {1e3 * s:.1f}" for w, s in sorted(costs["target"].items()))
         )
+        top_s = confidence_cost(pipe, d)
+        print(
+            f"  the draft's top probability costs {1e6 * top_s:.0f} us per draft token "
+            f"({100 * top_s / costs['draft'][1]:.1f}% of a draft pass)"
+        )
+        print(f"  acceptance by the draft's confidence: {calibration(data['traces'], d)}")
         for seed in range(args.seeds):
             rates: dict[str, dict[str, float]] = {}
             for name in [*map(str, FIXED_KS), "auto"]:
