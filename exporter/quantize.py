@@ -1,7 +1,10 @@
 """Drafts derived from the target graph by weight quantization, for users with one model.
 
-``int8``: every MatMul, the LM head included, as ONNX Runtime's dynamic int8 quantization
-(MatMulInteger; per-channel weights, activations quantized per call). ``int4``: MatMulNBits
+``int8``: every MatMul, the LM head included, as ONNX Runtime's dynamic 8-bit quantization
+(MatMulInteger; per-channel unsigned 8-bit weights, activations quantized per call). Unsigned
+weights because the signed-weight kernel (u8 x s8) on x86 CPUs without VNNI sums pairs of
+products into saturating 16-bit lanes: on such a CPU the int8 draft's logits were garbage (0%
+argmax agreement with the target); u8 x u8 is exact on every CPU. ``int4``: MatMulNBits
 4-bit weights (block 32, asymmetric, int8 compute: accuracy_level 4) with an 8-bit head.
 
 A tied LM head (Gemm on the embedding) is untied first: the quantizers only handle MatMul, and
@@ -116,7 +119,7 @@ def _quantize(model: Any, kind: str, folder: Path, head: str | None) -> Any:
         quantize_dynamic(
             str(src),
             str(dst),
-            weight_type=QuantType.QInt8,
+            weight_type=QuantType.QUInt8,  # exact on CPUs without VNNI too
             per_channel=True,
             op_types_to_quantize=["MatMul"],
         )
