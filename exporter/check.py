@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from specx.runtime.backends import OrtSession
 from specx.runtime.contract import ModelSpec
 from specx.runtime.errors import ExportError
-from specx.runtime.session import ModelSession
 
 from .load import Log, SourceModel
 
@@ -47,7 +47,7 @@ def check_parity(
     with torch.no_grad():
         reference = src.model(torch.from_numpy(ids)[None]).logits[0].float().numpy()  # [T, V]
 
-    session = ModelSession(folder / spec.graph, spec, ["cpu"], max_chunk=max(prefill, k + 1))
+    session = OrtSession(folder / spec.graph, spec, ["cpu"], max_chunk=max(prefill, k + 1))
     cache = session.new_cache(total)
     stages = {
         "prefill": (0, prefill),

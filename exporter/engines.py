@@ -17,28 +17,14 @@ from typing import Any
 
 from specx.profiles import Profile, ShapeProfile
 from specx.runtime import contract
+from specx.runtime.backends.cuda import compute_capability
+from specx.runtime.backends.trt_session import import_tensorrt
 from specx.runtime.contract import Manifest, ModelSpec
-from specx.runtime.errors import ExportError, ProviderError
+from specx.runtime.drafters.registry import kind_of_spec
+from specx.runtime.errors import ExportError
 
 from .load import Log
 from .tensorrt_ops import unsupported_ops
-
-
-def import_tensorrt() -> Any:
-    try:
-        import tensorrt as trt
-    except ImportError as e:
-        raise ProviderError(
-            "TensorRT is not installed in this environment",
-            "on a GPU machine: pip install tensorrt (from NVIDIA's index) or use JetPack's "
-            "python3-libnvinfer; engines can only be built where they will run",
-        ) from e
-    if not hasattr(trt, "Builder"):
-        raise ProviderError(
-            "this TensorRT package has no builder (a lean/dispatch runtime or a stub)",
-            "install the full tensorrt package on a machine with an NVIDIA GPU",
-        )
-    return trt
 
 
 def shapes_for(spec: ModelSpec, dims: ShapeProfile, which: str) -> tuple[list[int], ...]:
@@ -58,8 +44,6 @@ def shapes_for(spec: ModelSpec, dims: ShapeProfile, which: str) -> tuple[list[in
 def build_engine(
     trt: Any, folder: Path, spec: ModelSpec, profile: Profile, cache_path: Path, log: Log
 ) -> dict[str, Any]:
-    from specx.runtime.cuda import compute_capability
-
     t0 = time.perf_counter()
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -116,7 +100,7 @@ def build_engines(folder: Path, manifest: Manifest, profile: Profile, log: Log) 
             f"profile {profile.name!r} has TensorRT disabled",
             "use a GPU profile such as gpu-datacenter",
         )
-    trt = import_tensorrt()
+    trt = import_tensorrt(builder=True)
     cache = folder / profile.tensorrt.timing_cache
     entries = []
     seen: set[str] = set()
@@ -127,8 +111,8 @@ def build_engines(folder: Path, manifest: Manifest, profile: Profile, log: Log) 
         if spec.attention != "plain":
             log(f"  {spec.name}: {spec.attention} attention is an ONNX Runtime op; no engine")
             continue
-        if spec.variant in ("int8", "int4"):
-            log(f"  {spec.name}: quantized with ONNX Runtime ops; no TensorRT engine (CPU draft)")
+        if spec.role == "draft" and not kind_of_spec(manifest, spec).tensorrt:
+            log(f"  {spec.name}: a {spec.variant} draft runs on ONNX Runtime only; no engine")
             continue
         bad = unsupported_ops(folder / spec.graph)
         if bad:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from specx.profiles import Profile
 from specx.profiles.planner import ModelShape, Plan, advice, plan
+from specx.runtime.drafters import registry
 from specx.runtime.errors import ExportError
 
+from .drafts import DraftEntry
 from .load import Log, check_architecture
 
 
@@ -71,18 +73,11 @@ def shape_from_config(config: Any, name: str, weights: str = "profile") -> Model
     )
 
 
-@dataclass(frozen=True)
-class DraftPlanEntry:
-    name: str
-    source: str  # a model source, "int8"/"int4", "ngram", or the target itself
-
-
 def plan_pair(
     profile: Profile,
     target: str,
-    drafts: list[DraftPlanEntry],
+    drafts: list[DraftEntry],
     engines: bool,
-    same_as_target: Any,
     log: Log,
 ) -> Plan:
     """Check the profile against the models and the memory budget; refuse early if it fails."""
@@ -90,11 +85,12 @@ def plan_pair(
     check_architecture(config, target)
     shapes = [shape_from_config(config, "target")]
     for d in drafts:
-        if d.source == "ngram":
+        recipe = d.kind.export
+        if recipe == registry.EXPORT_NOTHING:
             continue
-        if d.source in ("int8", "int4"):
-            shapes.append(shape_from_config(config, d.name, weights=d.source))
-        elif same_as_target(d.source, target):
+        if recipe == registry.EXPORT_QUANTIZED:
+            shapes.append(shape_from_config(config, d.name, weights=d.kind.name))
+        elif recipe == registry.EXPORT_TARGET:
             shared = shape_from_config(config, d.name)
             shapes.append(replace(shared, num_parameters=0, embedding_parameters=0))
         else:

@@ -3,8 +3,8 @@
 ``int8``: every MatMul, the LM head included, as ONNX Runtime's dynamic 8-bit quantization
 (MatMulInteger; per-channel unsigned 8-bit weights, activations quantized per call). Unsigned
 weights because the signed-weight kernel (u8 x s8) on x86 CPUs without VNNI sums pairs of
-products into saturating 16-bit lanes: on such a CPU the int8 draft's logits were garbage (0%
-argmax agreement with the target); u8 x u8 is exact on every CPU. ``int4``: MatMulNBits
+products into saturating 16-bit lanes, which ruins the draft (docs/bench/measurements.md);
+u8 x u8 is exact on every CPU. ``int4``: MatMulNBits
 4-bit weights (block 32, asymmetric, int8 compute: accuracy_level 4) with an 8-bit head.
 
 A tied LM head (Gemm on the embedding) is untied first: the quantizers only handle MatMul, and
@@ -28,14 +28,17 @@ from typing import Any
 import numpy as np
 
 from specx.runtime import contract
+from specx.runtime.backends import OrtSession
 from specx.runtime.contract import ModelSpec
+from specx.runtime.drafters import registry
 from specx.runtime.errors import ExportError
-from specx.runtime.session import ModelSession
 
 from .load import Log
 from .onnx_export import weight_stats
 
-QUANTIZED_DRAFTS = ("int8", "int4")
+QUANTIZED_DRAFTS = tuple(
+    k.name for k in registry.KINDS.values() if k.export == registry.EXPORT_QUANTIZED
+)
 # Below this argmax agreement with the target the quantized draft is broken, not just weak.
 MIN_AGREEMENT = 0.2
 CALIBRATION_TEXT = (
@@ -135,7 +138,7 @@ def argmax_agreement(
     """Teacher-forced: how often the draft's next-token argmax equals the target's."""
     rows = {}
     for spec in (target, draft):
-        session = ModelSession(folder / spec.graph, spec, ["cpu"], max_chunk=len(tokens))
+        session = OrtSession(folder / spec.graph, spec, ["cpu"], max_chunk=len(tokens))
         cache = session.new_cache(len(tokens))
         rows[spec.name] = session.forward(tokens, cache).copy()  # [len, vocab]
     t, d = rows[target.name], rows[draft.name]

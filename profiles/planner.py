@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specx.profiles import Profile
+from specx.profiles.profile import Profile
 
 BYTES = {"fp32": 4.0, "fp16": 2.0}
 MB = 1024 * 1024

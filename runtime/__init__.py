@@ -1,14 +1,18 @@
-"""specx runtime: speculative decoding with numpy + onnxruntime + tokenizers (no torch)."""
+"""specx runtime: speculative decoding with numpy + onnxruntime + tokenizers (no torch).
+
+The core imports nothing outside this package (tests/runtime/test_layers.py checks it)."""
 
 from specx.runtime.errors import ArtifactError, ExportError, InputError, SpecxError
 from specx.runtime.pipeline import GenerationResult, Pipeline
 from specx.runtime.sampling import SamplingParams
+from specx.runtime.settings import GenerationSettings
 from specx.runtime.stats import Stats
 
 __all__ = [
     "ArtifactError",
     "ExportError",
     "GenerationResult",
+    "GenerationSettings",
     "InputError",
     "Pipeline",
     "SamplingParams",

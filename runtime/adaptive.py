@@ -22,13 +22,13 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from specx.runtime.drafters import DraftPlan
-from specx.runtime.generate import KPolicy, StepResult
+from specx.runtime.drafters.base import MODEL, NONE, DraftPlan
+from specx.runtime.generate import StepDecision, StepResult
 
-DEFAULT_SOURCE = "draft"
+DEFAULT_SOURCE = MODEL
 # Buckets of a draft model's own top probability, and the acceptance guessed for each before the
-# run has measured it (the int8 draft measured here: 0.41, 0.75, 0.90, 0.97, 1.0, 1.0, see
-# docs/bench/adaptive-sim.txt).
+# run has measured it: a prior that the run's own counts soon outweigh (where the values come
+# from: docs/bench/measurements.md).
 CONFIDENCE_EDGES = (0.3, 0.5, 0.7, 0.9, 0.97)
 CONFIDENCE_PRIOR = (0.35, 0.6, 0.8, 0.9, 0.95, 0.98)
 
@@ -96,7 +96,7 @@ def _take_all(position: int, top: float) -> tuple[bool, bool]:
     return True, True
 
 
-class AdaptiveK(KPolicy):
+class AdaptiveK:
     def __init__(
         self,
         max_k: int = 8,
@@ -107,7 +107,7 @@ class AdaptiveK(KPolicy):
         explore_every: int = 8,
         probe_every: int = 4,
     ) -> None:
-        super().__init__(start_k)
+        self.start_k = start_k
         self.max_k = max_k
         self.decay = decay
         self.explore_every = explore_every
@@ -119,7 +119,6 @@ class AdaptiveK(KPolicy):
         self._by_width = [(0.0, 0.0)] * (max_k + 2)  # per width: decayed (passes, seconds)
         self.confidence_decay = 0.98  # per step; buckets fill slower than positions
         self.width_prior = 1.0  # one pass's worth of weight for the line at each width
-        self._source = DEFAULT_SOURCE  # the source of the step being chosen / observed
         self.token_s: float | None = None  # seconds per committed token, recent steps
         self.history: list[int] = []
 
@@ -171,16 +170,16 @@ class AdaptiveK(KPolicy):
             return 1.0
         mean_w, mean_t = sw / n, st / n
         var = sww / n - mean_w * mean_w
-        # Without spread in the widths seen yet, assume 5% more per extra token (what memory-
-        # bound CPUs and GPUs measure: 5 tokens cost 1.1-1.25x one).
+        # Without spread in the widths seen yet, assume 5% more per extra token (memory-bound
+        # passes cost little more for a few more tokens: docs/bench/measurements.md).
         slope = (swt / n - mean_w * mean_t) / var if var > 0.25 else 0.05 * mean_t / mean_w
         return max(1e-6, mean_t + max(0.0, slope) * (width - mean_w))
 
     def verify_s(self, width: int) -> float:
         """A target pass over `width` tokens: the passes measured at that width, shrunk toward
-        the line. The cost is not linear in the width (measured here, docs/bench/adaptive-sim.txt:
-        3 to 5 tokens cost within 3% of each other, 7 cost 11-12% more than 5), and a line through
-        all of it would overcharge some widths and undercharge others."""
+        the line. The cost is not linear in the width (docs/bench/measurements.md: steps where a few
+        more tokens cost nothing, then a jump), and a line through all of it would overcharge
+        some widths and undercharge others."""
         line = self.verify_line_s(width)
         if width >= len(self._by_width):
             return line
@@ -195,13 +194,18 @@ class AdaptiveK(KPolicy):
             for k, tokens in enumerate(self.expected_tokens(source))
         ]
 
-    def next_k(self, source: str = DEFAULT_SOURCE) -> int:
-        self._source = source
-        if source == "none":
+    def decide(self, source: str = DEFAULT_SOURCE) -> StepDecision:
+        """K for a step whose proposal comes from `source`, with the drafting plan for it."""
+        k = self.choose_k(source)
+        self.history.append(k)
+        return StepDecision(k, self.plan(source) if k > 0 else None)
+
+    def choose_k(self, source: str = DEFAULT_SOURCE) -> int:
+        if source == NONE:
             return 0  # the drafter has nothing to offer (a lookup without a match)
         est = self._estimate(source)
         if est.steps == 0:
-            k = self.k
+            k = self.start_k
         elif est.zero_streak >= self.probe_every:
             k = min(2, self.max_k)  # a probe: has the drafter started to agree again?
         else:
@@ -213,10 +217,9 @@ class AdaptiveK(KPolicy):
                 k = min(self.max_k, k + 1)  # look one further: is the next position worth it?
             if k > 0 and est.confidence_seen and self.token_s is not None:
                 k = self.max_k  # the draft's confidence decides, token by token (see plan)
-        self.history.append(k)
         return k
 
-    def plan(self) -> DraftPlan | None:
+    def plan(self, source: str = DEFAULT_SOURCE) -> DraftPlan:
         """For a draft that reports its confidence: take each drafted token while the chance
         that it is accepted (it and all before it), times the time a token costs this run, pays
         for widening the verify pass; draft another while that chance times the acceptance
@@ -225,7 +228,7 @@ class AdaptiveK(KPolicy):
         draft's confidence tells an easy stretch from a hard one before the target sees it, which
         no K fixed in advance can (SpecDec++, Huang et al. 2024, also stops on a learned
         acceptance estimate)."""
-        est = self._estimate(self._source)
+        est = self._estimate(source)
         token_s = self.token_s
         if not est.confidence_seen or token_s is None:
             return _take_all  # nothing calibrated yet: draft all of K, and report confidences
@@ -262,9 +265,9 @@ class AdaptiveK(KPolicy):
         step_s = step.draft_s + step.verify_s
         per_token = step_s / (step.accepted + 1)
         self.token_s = per_token if self.token_s is None else 0.9 * self.token_s + 0.1 * per_token
-        if self._source == "none":
+        if step.source == NONE:
             return  # a plain decode step: its verify time above is all there is to learn
-        est = self._estimate(self._source)
+        est = self._estimate(step.source)
         est.steps += 1
         if step.proposed:
             # drafting cost per proposed token: a model pass per token for a draft model, next

@@ -299,10 +299,6 @@ class Manifest:
     profile: dict[str, Any] | None = None  # the deployment profile applied at export, resolved
     engines: tuple[dict[str, Any], ...] = ()  # TensorRT engines: model, file, versions, GPU
 
-    @property
-    def draft(self) -> ModelSpec | None:
-        return self.drafts[0] if self.drafts else None
-
     def find_draft(self, name: str) -> ModelSpec:
         for spec in self.drafts:
             if spec.name == name:

@@ -4,111 +4,149 @@ Cache invariant: the target cache holds every committed token but the last one. 
 ``[last_committed, d_1 .. d_k]`` at positions n .. n + k (n = target cache length), which both
 verifies the draft and extends the cache; the rejected tail is dropped by truncating the length.
 With no drafter (k = 0) the same step is plain one-token decoding: the baseline.
+
+A K policy decides each step (``decide(source) -> StepDecision``) and learns from its result
+(``observe(step)``); the step carries everything there is to learn in declared fields, so the two
+calls share no hidden state.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from time import perf_counter
+from typing import Protocol
 
 import numpy as np
 
-from specx.runtime.drafters import Drafter, DraftPlan
+from specx.runtime.backends.base import GraphSession
+from specx.runtime.drafters.base import (
+    NO_PROPOSAL,
+    NONE,
+    Drafter,
+    DraftPlan,
+    DraftRequest,
+    Proposal,
+)
 from specx.runtime.kv_cache import KVCache
-from specx.runtime.sampling import SamplingParams, warp
-from specx.runtime.session import ModelSession
+from specx.runtime.sampling import ACCEPT, RESAMPLE, PositionNoise, SamplingParams, warp
+from specx.runtime.settings import GenerationSettings
 from specx.runtime.stats import Stats
-from specx.runtime.verify import verify_greedy, verify_stochastic
+from specx.runtime.verify import verify_greedy, verify_invariant, verify_rejection
+
+
+@dataclass(frozen=True)
+class StepDecision:
+    """What a K policy decides before a step."""
+
+    k: int  # draft tokens to ask for (the loop caps it near the context and token limits)
+    plan: DraftPlan | None = None  # a rule the drafter applies token by token (None: take all)
 
 
 @dataclass(frozen=True)
 class StepResult:
     tokens: np.ndarray  # [n_accepted + 1] the committed tokens of this step
+    source: str  # where the proposal came from (the drafter's answer before the step)
     proposed: int
     accepted: int
     draft_s: float = 0.0
     verify_s: float = 0.0
-    draft_passes: int = 0
+    draft_passes: int = 0  # draft-model passes of this step
     catchup: int = 0  # committed tokens the drafter had to feed before drafting
     confidence: np.ndarray | None = None  # [proposed] the draft's top probability per token
 
 
-def speculative_step(
-    target: ModelSession,
-    cache: KVCache,
-    drafter: Drafter | None,
-    context: np.ndarray,
-    k: int,
-    sampling: SamplingParams,
-    rng: np.random.Generator,
-    stats: Stats,
-    plan: DraftPlan | None = None,
-) -> StepResult:
-    """One round: the drafter proposes up to k tokens, the target verifies them in one pass."""
-    t0 = time.perf_counter()
-    passes_before = drafter.model_passes if drafter is not None else 0
-    proposal = drafter.propose(context, k, plan) if drafter is not None and k > 0 else None
-    draft_tokens = proposal.tokens if proposal is not None else np.zeros(0, np.int64)  # [n]
-    t1 = time.perf_counter()
-    committed = cache.length
-    verify_input = np.concatenate([context[-1:], draft_tokens])  # [n + 1]
-    target_logits = target.forward(verify_input, cache)  # [n + 1, vocab]
-    t2 = time.perf_counter()
-    if sampling.greedy:
-        n_accepted, next_token = verify_greedy(draft_tokens, target_logits)
-    else:
-        p_target = warp(target_logits, sampling)  # [n + 1, vocab]
-        p_draft = proposal.p_draft if proposal is not None else None
-        n_accepted, next_token = verify_stochastic(draft_tokens, p_draft, p_target, rng)
-    cache.truncate(committed + 1 + n_accepted)  # keep last_committed + accepted drafts
-    if drafter is not None and proposal is not None:
-        drafter.commit(n_accepted)
-    stats.draft_s += t1 - t0
-    stats.verify_s += t2 - t1
-    stats.record_step(int(draft_tokens.shape[0]), n_accepted, k)
-    tokens = np.append(draft_tokens[:n_accepted], np.int64(next_token))
-    draft_passes = drafter.model_passes - passes_before if drafter is not None else 0
-    catchup = int(getattr(drafter, "last_catchup", 0))
-    confidence = proposal.confidence if proposal is not None else None
-    return StepResult(
-        tokens,
-        int(draft_tokens.shape[0]),
-        n_accepted,
-        t1 - t0,
-        t2 - t1,
-        draft_passes,
-        catchup,
-        confidence,
-    )
+class KPolicy(Protocol):
+    def decide(self, source: str) -> StepDecision:
+        """K (and a drafting plan) for the next step, whose proposal comes from `source`."""
+        ...
+
+    def observe(self, step: StepResult) -> None:
+        """Told after every step how its proposal fared."""
+        ...
 
 
-class KPolicy:
-    """Chooses K for each step. The fixed policy always answers the same K."""
+class FixedK:
+    """The same K for every step."""
 
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def next_k(self, source: str = "draft") -> int:
-        """K for the next step, whose proposal comes from `source` (see Drafter.source)."""
-        return self.k
+    def decide(self, source: str) -> StepDecision:
+        return StepDecision(self.k)
 
     def observe(self, step: StepResult) -> None:
-        """Told after every step how the proposal fared (adaptive policies learn from it)."""
+        """A fixed K learns nothing."""
 
-    def plan(self) -> DraftPlan | None:
-        """A rule the drafter applies token by token while drafting (None: draft all k)."""
-        return None
+
+# (the proposal, the target's logits [n + 1, vocab], the position row 0 decides) -> verdict
+Verifier = Callable[[Proposal, np.ndarray, int], tuple[int, int]]
+
+
+def make_verifier(sampling: SamplingParams, noise: PositionNoise) -> Verifier:
+    """The verification this generation's sampling settings call for, with its random numbers
+    drawn for the positions the rows decide."""
+    if sampling.greedy:
+        return lambda proposal, logits, position: verify_greedy(proposal.tokens, logits)
+
+    def invariant(proposal: Proposal, logits: np.ndarray, position: int) -> tuple[int, int]:
+        p_target = warp(logits, sampling)  # [n + 1, vocab]
+        rows = range(position, position + logits.shape[0])
+        exponentials = np.stack([noise.exponentials(p) for p in rows])  # [n + 1, vocab]
+        return verify_invariant(proposal.tokens, p_target, exponentials)
+
+    def rejection(proposal: Proposal, logits: np.ndarray, position: int) -> tuple[int, int]:
+        p_target = warp(logits, sampling)  # [n + 1, vocab]
+        rows = range(position, position + logits.shape[0])
+        u_accept = np.array([noise.uniform(ACCEPT, p) for p in rows][:-1])  # [n]
+        u_sample = np.array([noise.uniform(RESAMPLE, p) for p in rows])  # [n + 1]
+        return verify_rejection(proposal.tokens, proposal.p_draft, p_target, u_accept, u_sample)
+
+    return invariant if sampling.verification == "invariant" else rejection
+
+
+def speculative_step(
+    target: GraphSession,
+    cache: KVCache,
+    drafter: Drafter | None,
+    context: np.ndarray,
+    k: int,
+    plan: DraftPlan | None,
+    verify: Verifier,
+    source: str,
+) -> StepResult:
+    """One round: the drafter proposes up to k tokens, the target verifies them in one pass."""
+    t0 = perf_counter()
+    proposal = drafter.propose(context, k, plan) if drafter is not None and k > 0 else NO_PROPOSAL
+    t1 = perf_counter()
+    committed = cache.length
+    verify_input = np.concatenate([context[-1:], proposal.tokens])  # [n + 1]
+    target_logits = target.forward(verify_input, cache)  # [n + 1, vocab]
+    t2 = perf_counter()
+    n_accepted, next_token = verify(proposal, target_logits, int(context.shape[0]))
+    cache.truncate(committed + 1 + n_accepted)  # keep last_committed + accepted drafts
+    if drafter is not None and k > 0:
+        drafter.commit(n_accepted)
+    return StepResult(
+        tokens=np.append(proposal.tokens[:n_accepted], np.int64(next_token)),
+        source=source,
+        proposed=int(proposal.tokens.shape[0]),
+        accepted=n_accepted,
+        draft_s=t1 - t0,
+        verify_s=t2 - t1,
+        draft_passes=proposal.model_passes,
+        catchup=proposal.catchup,
+        confidence=proposal.confidence,
+    )
 
 
 def decode_loop(
-    target: ModelSession,
+    target: GraphSession,
     cache: KVCache,
     drafter: Drafter | None,
     prompt: np.ndarray,
-    max_new_tokens: int,
+    settings: GenerationSettings,
     policy: KPolicy,
-    sampling: SamplingParams,
     eos_token_ids: tuple[int, ...],
     stats: Stats,
 ) -> Iterator[np.ndarray]:
@@ -117,7 +155,9 @@ def decode_loop(
     The caller checks the prompt length (1..cache capacity). `stats` is updated as it goes, so it
     is complete even if the consumer stops early.
     """
-    rng = sampling.rng()
+    sampling = settings.sampling
+    noise = PositionNoise(sampling.seed, target.vocab_size)
+    verify = make_verifier(sampling, noise)
     capacity = cache.capacity
     context_buf = np.zeros(capacity + 1, dtype=np.int64)  # every committed token
     n_context = int(prompt.shape[0])
@@ -125,19 +165,18 @@ def decode_loop(
     stats.prompt_tokens = n_context
     eos = set(eos_token_ids)
 
-    t0 = time.perf_counter()
+    t0 = perf_counter()
     cache.reset()
     if n_context > 1:
         target.prefill(prompt[:-1], cache)
     if drafter is not None:
-        drafter.start(prompt, sampling, rng)
-    draft_passes_before = drafter.model_passes if drafter is not None else 0
-    stats.prefill_s = time.perf_counter() - t0
+        drafter.start(prompt, DraftRequest(sampling, noise, settings.draft_p_min))
+    stats.prefill_s = perf_counter() - t0
 
-    start = time.perf_counter()
+    start = perf_counter()
     try:
         while True:
-            remaining = max_new_tokens - stats.new_tokens
+            remaining = settings.max_new_tokens - stats.new_tokens
             if remaining <= 0:
                 stats.stop_reason = "max_new_tokens"
                 return
@@ -146,12 +185,17 @@ def decode_loop(
                 stats.stop_reason = "max_length"
                 return
             context = context_buf[:n_context]
-            source = drafter.source(context) if drafter is not None else "none"
-            k = min(policy.next_k(source), room, remaining - 1)
+            source = drafter.source(context) if drafter is not None else NONE
+            decision = policy.decide(source)
+            k = min(decision.k, room, remaining - 1)
             step = speculative_step(
-                target, cache, drafter, context, k, sampling, rng, stats, policy.plan()
+                target, cache, drafter, context, k, decision.plan, verify, source
             )
             policy.observe(step)
+            stats.record_step(step.proposed, step.accepted, k)
+            stats.draft_s += step.draft_s
+            stats.verify_s += step.verify_s
+            stats.draft_passes += step.draft_passes
             tokens = step.tokens[:remaining]
             hits = [i for i, t in enumerate(tokens.tolist()) if t in eos]
             if hits:
@@ -159,14 +203,10 @@ def decode_loop(
             context_buf[n_context : n_context + tokens.shape[0]] = tokens
             n_context += int(tokens.shape[0])
             stats.new_tokens += int(tokens.shape[0])
-            stats.decode_s = time.perf_counter() - start
-            if drafter is not None:
-                stats.draft_passes = drafter.model_passes - draft_passes_before
+            stats.decode_s = perf_counter() - start
             yield tokens
             if hits:
                 stats.stop_reason = "eos"
                 return
     finally:
-        stats.decode_s = time.perf_counter() - start
-        if drafter is not None:
-            stats.draft_passes = drafter.model_passes - draft_passes_before
+        stats.decode_s = perf_counter() - start

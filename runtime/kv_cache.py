@@ -6,6 +6,9 @@ bind the valid prefix as ``past`` and the slots right after it as ``new``; [1, k
 head_dim] for gqa graphs, whose attention op reads and writes the whole buffer in place. Positions
 ``0..length-1`` are valid either way; the buffers are never copied, and rolling back after a
 rejected draft is ``truncate(n)``: stale slots are overwritten by the next pass.
+
+The buffers come from the backend's ``DeviceMemory`` (host arrays, ONNX Runtime device tensors,
+raw CUDA allocations): the cache itself knows no device.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from specx.runtime.errors import InputError
+from specx.runtime.memory import HOST, DeviceMemory
 
 NP_DTYPES: dict[str, Any] = {"float32": np.float32, "float16": np.float16}
 
@@ -27,8 +31,7 @@ class KVCache:
         head_dim: int,
         capacity: int,
         dtype: str = "float32",
-        device: str = "cpu",
-        device_id: int = 0,
+        memory: DeviceMemory = HOST,
         layout: str = "plain",
     ) -> None:
         if capacity < 1:
@@ -39,37 +42,17 @@ class KVCache:
         self.capacity = capacity
         self.dtype = dtype
         self.np_dtype = NP_DTYPES[dtype]
-        self.device = device
-        self.device_id = device_id
+        self.device = memory.device
+        self.device_id = memory.device_id
         self.layout = layout
-        self.itemsize = np.dtype(self.np_dtype).itemsize
-        self.slot_bytes = kv_heads * head_dim * self.itemsize  # one position, all heads
-        shape = (
+        self.slot_bytes = kv_heads * head_dim * np.dtype(self.np_dtype).itemsize  # one position
+        self.shape = (
             (1, kv_heads, capacity, head_dim)
             if layout == "gqa"
             else (1, capacity, kv_heads, head_dim)
         )
-        self.shape = shape
-        self._arrays: list[np.ndarray] = []
-        self._ort_values: list[Any] = []
-        self._device_buffers: list[Any] = []
-        if device == "cpu":
-            self._arrays = [np.zeros(shape, self.np_dtype) for _ in range(2 * num_layers)]
-            self._ptrs = [a.ctypes.data for a in self._arrays]
-        elif device == "cudart":  # raw CUDA memory, for the TensorRT backend
-            from specx.runtime.cuda import DeviceBuffer
-
-            nbytes = capacity * self.slot_bytes
-            self._device_buffers = [DeviceBuffer(nbytes) for _ in range(2 * num_layers)]
-            self._ptrs = [b.ptr for b in self._device_buffers]
-        else:  # an onnxruntime device ("cuda"): OrtValues from its allocator
-            import onnxruntime as ort
-
-            self._ort_values = [
-                ort.OrtValue.ortvalue_from_shape_and_type(shape, self.np_dtype, device, device_id)
-                for _ in range(2 * num_layers)
-            ]
-            self._ptrs = [v.data_ptr() for v in self._ort_values]
+        self._buffers = [memory.allocate(self.shape, self.np_dtype) for _ in range(2 * num_layers)]
+        self._ptrs = [b.ptr for b in self._buffers]
         self._length = 0
 
     @property
@@ -116,14 +99,7 @@ class KVCache:
         return self._read(2 * layer + 1)
 
     def _read(self, index: int) -> np.ndarray:
-        """[length, kv_heads, head_dim] whatever the layout (a copy unless plain on the CPU)."""
-        if self._arrays:
-            full = self._arrays[index]
-        elif self._device_buffers:
-            full = np.empty(self.shape, self.np_dtype)
-            self._device_buffers[index].download(full)
-        else:
-            full = self._ort_values[index].numpy()
+        full = self._buffers[index].to_host()
         if self.layout == "gqa":
             return full[0, :, : self._length].transpose(1, 0, 2)
         return full[0, : self._length]

@@ -17,42 +17,18 @@ from typing import Any
 import numpy as np
 
 from specx.runtime.adaptive import AdaptiveK
-from specx.runtime.contract import PAIR_ID_KEY, TOKENIZER_FILE, Manifest, ModelSpec
-from specx.runtime.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
+from specx.runtime.backends import GraphSession, choose_providers, open_graph
+from specx.runtime.contract import TOKENIZER_FILE, Manifest, ModelSpec
+from specx.runtime.drafters import registry
+from specx.runtime.drafters.base import Drafter
 from specx.runtime.errors import ArtifactError, InputError
-from specx.runtime.generate import KPolicy, decode_loop
+from specx.runtime.generate import FixedK, KPolicy, decode_loop
 from specx.runtime.kv_cache import KVCache
-from specx.runtime.sampling import SamplingParams
-from specx.runtime.session import ModelSession
+from specx.runtime.settings import AUTO, DEFAULT_K, MAX_K, GenerationSettings
 from specx.runtime.stats import Stats
 from specx.runtime.tokenizer import TextCodec
 
-MAX_K = 16
-
-
-def _usable(provider: str, manifest: Manifest) -> bool:
-    if provider == "cpu":
-        return True
-    if provider == "tensorrt":
-        import importlib.util
-
-        return bool(manifest.engines) and importlib.util.find_spec("tensorrt") is not None
-    import onnxruntime as ort
-
-    return "CUDAExecutionProvider" in ort.get_available_providers()
-
-
-def choose_providers(requested: Sequence[str] | None, manifest: Manifest) -> list[str]:
-    """The command line's providers as given (errors name what is missing); otherwise the
-    profile's, in its order, keeping those usable here, with cpu last as the fallback."""
-    if requested:
-        return [p.lower() for p in requested]
-    wanted = list((manifest.profile or {}).get("providers", ["cpu"]))
-    usable = [p for p in wanted if _usable(p, manifest)]
-    return usable if "cpu" in usable else [*usable, "cpu"]
-
-
-DEFAULT_K = 4
+Prompt = str | Sequence[int] | np.ndarray
 
 
 @dataclass
@@ -76,7 +52,7 @@ class GenerationResult:
 @dataclass
 class _Workspace:
     drafter_name: str
-    target: ModelSession
+    target: GraphSession
     cache: KVCache
     drafter: Drafter | None
 
@@ -113,8 +89,8 @@ class Pipeline:
         self.providers = choose_providers(providers, manifest)
         self.threads = threads
         self._alternating = any(d.graph != manifest.target.graph for d in manifest.drafts)
-        self.target = self._open_graph(manifest.target)
-        self._drafts: dict[str, ModelSession] = {}
+        self.target = self._open(manifest.target)
+        self._drafts: dict[str, GraphSession] = {}
         self._pool: dict[str, list[_Workspace]] = {}
         self._lock = threading.Lock()
         self._learned: dict[str, AdaptiveK] = {}  # -k auto: what each drafter's runs taught
@@ -140,95 +116,63 @@ class Pipeline:
             )
         return cls(path, manifest, codec, providers, threads)
 
-    def _open_graph(self, spec: ModelSpec) -> Any:
-        if self.providers[0] == "tensorrt":
-            entry = next((e for e in self.manifest.engines if e["graph"] == spec.graph), None)
-            if entry is None:
-                raise ArtifactError(
-                    f"this artifact has no TensorRT engine for {spec.graph}",
-                    "build them (specx build ARTIFACT --profile NAME) or use --provider cuda/cpu",
-                )
-            from specx.runtime.trt_backend import TensorRTSession
-
-            return TensorRTSession(self.folder, spec, entry)
-        session = ModelSession(
-            self.folder / spec.graph,
-            spec,
-            self.providers,
-            self.threads,
-            alternating=self._alternating,
+    def _open(self, spec: ModelSpec) -> GraphSession:
+        return open_graph(
+            self.folder, self.manifest, spec, self.providers, self.threads, self._alternating
         )
-        pair_id = session.metadata().get(PAIR_ID_KEY)
-        if pair_id != self.manifest.pair_id:
-            raise ArtifactError(
-                f"{spec.graph} belongs to export {pair_id!r}, the manifest to "
-                f"{self.manifest.pair_id!r}: graphs from different exports are mixed",
-                "use the folder of one `specx export` run as it was written",
-            )
-        return session
 
     # -- drafters -------------------------------------------------------------------------
     @property
     def drafter_names(self) -> list[str]:
-        """Model drafts of the artifact, n-gram lookup (always there), each model draft behind a
-        lookup (ngram+NAME), then none."""
-        models = [d.name for d in self.manifest.drafts]
-        return [*models, "ngram", *(f"ngram+{m}" for m in models), "none"]
+        return registry.drafter_names(self.manifest)
 
     @property
     def default_drafter(self) -> str:
-        if self.manifest.default_drafter:
-            return self.manifest.default_drafter
-        return self.manifest.drafts[0].name if self.manifest.drafts else "none"
+        return registry.default_drafter(self.manifest)
 
-    def _draft_session(self, spec: ModelSpec) -> ModelSession:
+    def draft_session(self, spec: ModelSpec) -> GraphSession:
+        """The loaded graph of a draft model (opened on first use; the target's own graph when
+        the target drafts for itself). Generations use forks of it."""
         if spec.graph == self.manifest.target.graph:
-            return self.target  # the target drafting for itself shares its loaded graph
-        if spec.graph not in self._drafts:
-            self._drafts[spec.graph] = self._open_graph(spec)
-        return self._drafts[spec.graph]
+            return self.target
+        with self._lock:
+            if spec.graph not in self._drafts:
+                self._drafts[spec.graph] = self._open(spec)
+            return self._drafts[spec.graph]
 
     def _new_workspace(self, drafter_name: str) -> _Workspace:
         target = self.target.fork()
-        cache = target.new_cache(self.manifest.max_length)
-        drafter: Drafter | None = None
-        eos = self.manifest.special_tokens.eos_token_ids
-        if drafter_name == "ngram":
-            drafter = NgramDrafter(eos_token_ids=eos)
-        elif drafter_name.startswith("ngram+"):
-            model = self._model_drafter(drafter_name.removeprefix("ngram+"))
-            drafter = HybridDrafter(NgramDrafter(eos_token_ids=eos), model)
-        elif drafter_name != "none":
-            drafter = self._model_drafter(drafter_name)
-        return _Workspace(drafter_name, target, cache, drafter)
-
-    def _model_drafter(self, drafter_name: str) -> ModelDrafter:
-        spec = self.manifest.find_draft(drafter_name)
-        return ModelDrafter(
-            self._draft_session(spec).fork(),
-            self.manifest.max_length,
-            self.manifest.target.vocab_size,
-            self.manifest.special_tokens.eos_token_ids,
-            name=drafter_name,
+        capacity = self.manifest.max_length
+        resources = registry.DraftResources(
+            self.manifest, lambda spec: self.draft_session(spec).fork(), capacity
         )
+        drafter = registry.build_drafter(drafter_name, resources)
+        return _Workspace(drafter_name, target, target.new_cache(capacity), drafter)
 
     def _acquire(self, drafter_name: str) -> _Workspace:
         with self._lock:
             free = self._pool.setdefault(drafter_name, [])
             if free:
                 return free.pop()
-            return self._new_workspace(drafter_name)
+        return self._new_workspace(drafter_name)
 
     def _release(self, workspace: _Workspace) -> None:
         with self._lock:
             self._pool[workspace.drafter_name].append(workspace)
 
+    def idle_workspaces(self, drafter: str) -> int:
+        """Workspaces of a drafter waiting in the pool (each holds its caches)."""
+        with self._lock:
+            return len(self._pool.get(drafter, []))
+
+    def learned_policy(self, drafter: str) -> AdaptiveK | None:
+        """What -k auto has learned with a drafter so far (later requests start from it)."""
+        with self._lock:
+            return self._learned.get(drafter)
+
     # -- generation -----------------------------------------------------------------------
     def encode_prompt(
-        self,
-        prompt: str | Sequence[int] | np.ndarray,
-        chat: bool = False,
-        system: str | None = None,
+        self, prompt: Prompt, chat: bool = False, system: str | None = None
     ) -> np.ndarray:
         if isinstance(prompt, str):
             if not prompt.strip():
@@ -249,38 +193,28 @@ class Pipeline:
             raise InputError(f"prompt token ids must lie in [0, {vocab})")
         return ids
 
-    def _resolve(
-        self, k: int | str | None, drafter: str | None, max_k: int
-    ) -> tuple[KPolicy, int, str]:
-        """(K policy, K to report, drafter name) from the user's choices."""
-        name = drafter or self.default_drafter
+    def _policy(self, settings: GenerationSettings) -> tuple[KPolicy, int, str]:
+        """(K policy, K to report, drafter name) for these settings on this artifact."""
+        name = settings.drafter or self.default_drafter
         if name not in self.drafter_names:
             raise InputError(
                 f"unknown drafter {name!r}", f"choose one of: {', '.join(self.drafter_names)}"
             )
-        if not 1 <= max_k <= MAX_K:
-            raise InputError(f"max K must be in 1..{MAX_K}, got {max_k}")
         profile = self.manifest.profile or {}
         limit = int(profile.get("k_max", MAX_K))
+        k = settings.k
         if k is None:
-            k = 0 if name == "none" else int(profile.get("k_default", DEFAULT_K))
-        if k == "auto":
-            if name == "none":
+            k = 0 if name == registry.NO_DRAFTER else int(profile.get("k_default", DEFAULT_K))
+        if k == AUTO:
+            if name == registry.NO_DRAFTER:
                 raise InputError("-k auto needs a drafter", "pass --draft NAME (or ngram)")
-            max_k = min(max_k, limit)
+            max_k = min(settings.max_k, limit)
             policy = AdaptiveK(max_k=max_k)
-            with self._lock:
-                previous = self._learned.get(name)
+            previous = self.learned_policy(name)
             if previous is not None:
                 policy.inherit(previous)
             return policy, max_k, name
-        if isinstance(k, str):
-            try:
-                k = int(k)
-            except ValueError as e:
-                raise InputError(f"K must be a number or 'auto', got {k!r}") from e
-        if not 0 <= k <= MAX_K:
-            raise InputError(f"K must be in 0..{MAX_K}, got {k}", "e.g. -k 4, or -k 0 for none")
+        assert isinstance(k, int)  # GenerationSettings parsed it
         if k > limit:
             raise InputError(
                 f"K={k} exceeds the profile's k_max {limit} (its engines verify at most "
@@ -288,80 +222,41 @@ class Pipeline:
                 f"use -k {limit} or less, or re-export with a profile allowing more",
             )
         if k == 0:
-            name = "none"
-        elif name == "none":
+            name = registry.NO_DRAFTER
+        elif name == registry.NO_DRAFTER:
             raise InputError(
-                f"K={k} needs a drafter, and this artifact has no draft model",
-                "use -k 0 (target alone), --draft ngram, or export with --draft",
+                f"K={k} needs a drafter, and --draft none asks for the target alone",
+                f"use -k 0 (target alone), or --draft one of: {', '.join(self.drafter_names)}",
             )
-        return KPolicy(k), k, name
+        return FixedK(k), k, name
 
     def stream(
-        self,
-        prompt: str | Sequence[int] | np.ndarray,
-        *,
-        max_new_tokens: int = 128,
-        k: int | str | None = None,
-        drafter: str | None = None,
-        max_k: int = 8,
-        draft_p_min: float = 0.0,
-        sampling: SamplingParams | None = None,
-        chat: bool = False,
-        system: str | None = None,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        min_p: float | None = None,
-        seed: int | None = None,
+        self, prompt: Prompt, settings: GenerationSettings | None = None, **options: Any
     ) -> Generation:
         """Start a generation; iterate the returned object for text as it is accepted.
 
+        `settings` (a GenerationSettings) and/or keyword options: any of its fields (k,
+        max_new_tokens, drafter, max_k, draft_p_min, sampling, chat, system) or a sampling
+        field as a shortcut (temperature, top_k, top_p, min_p, seed, verification).
         k: draft tokens per step, 0 for the target alone, or "auto" (chosen per step, up to
-        max_k). draft_p_min: a model draft stops proposing when its top probability falls below.
-        Sampling is set either with `sampling=SamplingParams(...)` or with the keyword shortcuts
-        (temperature, top_k, top_p, min_p, seed); temperature 0 (the default) is greedy.
+        max_k); temperature 0 (the default) is greedy.
         """
-        if max_new_tokens < 1:
-            raise InputError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
-        if not 0.0 <= draft_p_min < 1.0:
-            raise InputError(f"draft-p-min must be in [0, 1), got {draft_p_min}")
-        policy, k_shown, drafter_name = self._resolve(k, drafter, max_k)
-        shortcuts = {
-            "temperature": temperature,
-            "top_k": top_k,
-            "top_p": top_p,
-            "min_p": min_p,
-            "seed": seed,
-        }
-        given = {name: v for name, v in shortcuts.items() if v is not None}
-        if sampling is not None and given:
-            raise InputError("pass either sampling=SamplingParams(...) or the keyword shortcuts")
-        sampling = sampling or SamplingParams(**given)  # type: ignore[arg-type]
-        prompt_ids = self.encode_prompt(prompt, chat, system)
+        settings = GenerationSettings.of(settings, **options)
+        policy, k_shown, drafter_name = self._policy(settings)
+        prompt_ids = self.encode_prompt(prompt, settings.chat, settings.system)
         stats = Stats(k=k_shown, drafter=drafter_name, adaptive=isinstance(policy, AdaptiveK))
         result = GenerationResult("", [], prompt_ids.tolist(), stats, finished=False)
-        return Generation(
-            self._run(
-                prompt_ids, max_new_tokens, policy, drafter_name, draft_p_min, sampling, result
-            ),
-            result,
-        )
+        return Generation(self._run(prompt_ids, settings, policy, drafter_name, result), result)
 
     def _run(
         self,
         prompt_ids: np.ndarray,
-        max_new_tokens: int,
+        settings: GenerationSettings,
         policy: KPolicy,
         drafter_name: str,
-        draft_p_min: float,
-        sampling: SamplingParams,
         result: GenerationResult,
     ) -> Iterator[str]:
         workspace = self._acquire(drafter_name)
-        if isinstance(workspace.drafter, ModelDrafter):
-            workspace.drafter.min_confidence = draft_p_min
-        elif isinstance(workspace.drafter, HybridDrafter):
-            workspace.drafter.model.min_confidence = draft_p_min
         decoder = self.codec.stream_decoder()
         try:
             for tokens in decode_loop(
@@ -369,9 +264,8 @@ class Pipeline:
                 workspace.cache,
                 workspace.drafter,
                 prompt_ids,
-                max_new_tokens,
+                settings,
                 policy,
-                sampling,
                 self.manifest.special_tokens.eos_token_ids,
                 result.stats,
             ):
@@ -395,12 +289,10 @@ class Pipeline:
             self._release(workspace)
 
     def generate(
-        self,
-        prompt: str | Sequence[int] | np.ndarray,
-        **options: Any,
+        self, prompt: Prompt, settings: GenerationSettings | None = None, **options: Any
     ) -> GenerationResult:
         """Generate to completion; returns text, token ids and stats."""
-        generation = self.stream(prompt, **options)
+        generation = self.stream(prompt, settings, **options)
         for _ in generation:
             pass
         return generation.result

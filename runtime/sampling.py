@@ -1,9 +1,14 @@
-"""Sampling settings and logit warping, pure numpy.
+"""Sampling settings, logit warping and the random numbers of a generation; pure numpy.
 
 ``warp`` turns logits into the exact distribution the target alone would sample from
 (temperature, then top-k, top-p, min-p, in that order, as Hugging Face transformers applies them).
-Speculative sampling applies the same warp to the draft's and the target's logits before the
-rejection test, so the output follows the warped target distribution exactly.
+Speculative sampling applies the same warp to the draft's and the target's logits.
+
+Random numbers are keyed by the position they decide (``PositionNoise``): the draw that picks the
+token at position p comes from a generator seeded with (seed, stream, p), whoever asks for it, in
+whatever order, in any process. Nothing random depends on how many tokens were drafted, so with
+the drafter-invariant verification (verify.py) the same seed gives the same text for every K and
+every drafter.
 """
 
 from __future__ import annotations
@@ -14,6 +19,17 @@ import numpy as np
 
 from specx.runtime.errors import InputError
 
+# How sampled drafts are verified (verify.py): "invariant" keeps the text a function of the seed
+# alone; "rejection" (Leviathan et al.) accepts more draft tokens, but its text also depends on
+# which tokens were drafted, so only a fixed K and drafter repeat it.
+VERIFICATIONS = ("invariant", "rejection")
+
+# Random streams: independent draws for the same position.
+RACE = 0  # the exponential race that picks a position's token (invariant verification)
+DRAFT = 1  # the draft's own draw (rejection verification)
+ACCEPT = 2  # the acceptance test of a draft token (rejection verification)
+RESAMPLE = 3  # the correction or bonus token (rejection verification)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -21,7 +37,8 @@ class SamplingParams:
     top_k: int = 0  # 0 disables
     top_p: float = 1.0  # 1 disables
     min_p: float = 0.0  # 0 disables
-    seed: int | None = None
+    seed: int | None = None  # None: fresh randomness for every generation
+    verification: str = "invariant"  # one of VERIFICATIONS
 
     def __post_init__(self) -> None:
         if not np.isfinite(self.temperature) or self.temperature < 0:
@@ -37,13 +54,52 @@ class SamplingParams:
             )
         if not 0.0 <= self.min_p < 1.0:
             raise InputError(f"min-p must be in [0, 1), got {self.min_p}", "use 0 to disable")
+        if self.seed is not None and self.seed < 0:
+            raise InputError(f"the seed must be >= 0, got {self.seed}", "e.g. --seed 1")
+        if self.verification not in VERIFICATIONS:
+            raise InputError(
+                f"verification must be one of {', '.join(VERIFICATIONS)}, got {self.verification!r}"
+            )
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def rng(self) -> np.random.Generator:
-        return np.random.default_rng(self.seed)
+
+def fresh_seed() -> int:
+    """A seed from the operating system's entropy (a generation without --seed)."""
+    return int(np.random.SeedSequence().generate_state(1, np.uint64)[0])
+
+
+class PositionNoise:
+    """The random numbers of one generation, keyed by (seed, stream, position).
+
+    Exponentials for the race at a position are drawn once and kept while the loop still works
+    near that position (a draft asks for them first, the verifier again)."""
+
+    KEEP = 40  # positions kept: more than one step's draft and verify rows
+
+    def __init__(self, seed: int | None, vocab_size: int) -> None:
+        self.seed = fresh_seed() if seed is None else seed
+        self.vocab_size = vocab_size
+        self._exponentials: dict[int, np.ndarray] = {}
+
+    def _generator(self, stream: int, position: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, stream, position])
+
+    def exponentials(self, position: int) -> np.ndarray:
+        """[vocab] i.i.d. Exp(1) draws for the race at `position`."""
+        found = self._exponentials.get(position)
+        if found is None:
+            found = self._generator(RACE, position).standard_exponential(self.vocab_size)
+            if len(self._exponentials) >= self.KEEP:
+                del self._exponentials[min(self._exponentials)]
+            self._exponentials[position] = found
+        return found
+
+    def uniform(self, stream: int, position: int) -> float:
+        """One U[0, 1) draw for `position` in `stream`."""
+        return float(self._generator(stream, position).random())
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -52,6 +108,12 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     x = x - np.max(x, axis=-1, keepdims=True)
     e = np.exp(x)
     return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def top_probability(logits: np.ndarray, token: int) -> float:
+    """Softmax of a 1-D logits row at `token` (the draft's confidence in its argmax)."""
+    row = np.asarray(logits, dtype=np.float64)
+    return float(1.0 / np.sum(np.exp(row - row[token])))
 
 
 def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -88,16 +150,23 @@ def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return probs
 
 
-def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """Draw one index from a 1-D distribution (need not be normalised; must have mass)."""
+def sample(probs: np.ndarray, u: float) -> int:
+    """The index that the uniform draw `u` in [0, 1) picks from a 1-D distribution (inverse CDF;
+    need not be normalised; must have mass)."""
     cdf = np.cumsum(probs)
     total = cdf[-1]
     if not total > 0.0:
         raise ValueError("cannot sample from a distribution with no mass")
-    u = rng.random() * total
-    index = int(np.searchsorted(cdf, u, side="right"))
-    # guard the u == total edge and trailing zero-probability entries
+    index = int(np.searchsorted(cdf, u * total, side="right"))
+    # guard the u * total == total edge and trailing zero-probability entries
     index = min(index, probs.shape[0] - 1)
     while probs[index] <= 0.0:
         index -= 1
     return index
+
+
+def race(probs: np.ndarray, exponentials: np.ndarray) -> np.ndarray:
+    """The exponential race (the Gumbel-max trick in another form): argmax of p(x) / E_x, with
+    E_x i.i.d. Exp(1), picks x with probability exactly p(x). probs and exponentials: [..., n];
+    returns the winners, [...]. Zero-probability entries never win."""
+    return np.argmax(probs / exponentials, axis=-1)

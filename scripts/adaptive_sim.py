@@ -24,10 +24,12 @@ from typing import Any
 
 import numpy as np
 
+from specx.apps.bench import load_workloads, pass_times
 from specx.runtime import Pipeline
 from specx.runtime.adaptive import CONFIDENCE_EDGES, AdaptiveK
-from specx.runtime.bench import load_workloads
+from specx.runtime.drafters import MODEL, DraftRequest, ModelDrafter
 from specx.runtime.generate import StepResult
+from specx.runtime.sampling import PositionNoise, SamplingParams, top_probability
 
 DEPTH = 8  # draft tokens recorded per position
 FIXED_KS = (1, 2, 3, 4, 6)
@@ -35,80 +37,58 @@ MAX_K = 6
 NEW_TOKENS = 64
 
 
+def draft_model(pipe: Pipeline, drafter: str) -> ModelDrafter:
+    """A draft model of the artifact on its own fork and cache, without EOS stops (a recorded
+    proposal always has DEPTH tokens)."""
+    spec = pipe.manifest.find_draft(drafter)
+    target_vocab = pipe.manifest.target.vocab_size
+    return ModelDrafter(pipe.draft_session(spec).fork(), pipe.manifest.max_length, target_vocab)
+
+
+def take_all(position: int, top: float) -> tuple[bool, bool]:
+    return True, True  # draft every token, reporting confidences
+
+
 def record(pipe: Pipeline, drafter: str, prompt: np.ndarray, text: np.ndarray) -> dict[str, Any]:
     """Per position of `text`: accepted length of an 8-token greedy draft, and its confidences."""
-    ws = pipe._acquire(drafter)
-    try:
-        draft = ws.drafter
-        session, cache = draft.session, draft.cache  # type: ignore[union-attr]
-        cache.reset()
-        session.prefill(prompt[:-1], cache)
-        accepted, confidences = [], []
-        for pos in range(min(NEW_TOKENS, len(text) - 1)):
-            context = np.concatenate([prompt, text[:pos]])
-            logits = session.prefill(context[cache.length :], cache)
-            committed = cache.length
-            tokens, tops = [], []
-            for _ in range(DEPTH):
-                token, _, top = draft._next(logits, want_top=True)  # type: ignore[union-attr]
-                tokens.append(token)
-                tops.append(top)
-                logits = session.forward(np.array([token]), cache)[0]
-            cache.truncate(committed)
-            truth = text[pos : pos + DEPTH]
-            n = 0
-            while n < min(len(tokens), len(truth)) and tokens[n] == truth[n]:
-                n += 1
-            accepted.append(n)
-            confidences.append(tops)
-        return {"accepted": accepted, "confidence": confidences}
-    finally:
-        pipe._release(ws)
+    draft = draft_model(pipe, drafter)
+    draft.start(prompt, DraftRequest(SamplingParams(), PositionNoise(0, draft.target_vocab)))
+    accepted, confidences = [], []
+    for pos in range(min(NEW_TOKENS, len(text) - 1)):
+        context = np.concatenate([prompt, text[:pos]])
+        proposal = draft.propose(context, DEPTH, take_all)
+        draft.commit(0)  # back to the committed context: the next position is one token on
+        tokens = proposal.tokens.tolist()
+        assert proposal.confidence is not None  # a plan makes the draft report them
+        tops = proposal.confidence.tolist()
+        truth = text[pos : pos + DEPTH]
+        n = 0
+        while n < min(len(tokens), len(truth)) and tokens[n] == truth[n]:
+            n += 1
+        accepted.append(n)
+        confidences.append(tops)
+    return {"accepted": accepted, "confidence": confidences}
 
 
-def pass_times(pipe: Pipeline, drafter: str, reps: int = 30) -> dict[str, Any]:
+def model_pass_times(pipe: Pipeline, drafter: str, reps: int = 30) -> dict[str, Any]:
     """Median seconds of a target pass over 1..MAX_K+1 tokens and of a draft pass over 1, 2."""
-    ws = pipe._acquire(drafter)
-    rng = np.random.default_rng(0)
-    out: dict[str, Any] = {"target": {}, "draft": {}}
-    try:
-        for name, session, cache, widths in (
-            ("target", ws.target, ws.cache, range(1, MAX_K + 2)),
-            ("draft", ws.drafter.session, ws.drafter.cache, (1, 2)),  # type: ignore[union-attr]
-        ):
-            cache.reset()
-            session.prefill(rng.integers(0, 1000, 128), cache)
-            base = cache.length
-            for w in widths:
-                times = []
-                for _ in range(reps):
-                    t0 = time.perf_counter()
-                    session.prefill(rng.integers(0, 1000, w), cache)
-                    times.append(time.perf_counter() - t0)
-                    cache.truncate(base)
-                out[name][w] = float(np.median(times))
-    finally:
-        pipe._release(ws)
-    return out
+    spec = pipe.manifest.find_draft(drafter)
+    return {
+        "target": pass_times(pipe.target.fork(), list(range(1, MAX_K + 2)), 128, reps),
+        "draft": pass_times(pipe.draft_session(spec).fork(), [1, 2], 128, reps),
+    }
 
 
-def confidence_cost(pipe: Pipeline, drafter: str, reps: int = 200) -> float:
+def confidence_cost(pipe: Pipeline, reps: int = 200) -> float:
     """Median seconds the draft's top probability adds to choosing a draft token."""
-    ws = pipe._acquire(drafter)
-    try:
-        draft = ws.drafter
-        logits = np.random.default_rng(0).standard_normal(draft.session.vocab_size)  # type: ignore[union-attr]
-        logits = logits.astype(np.float32)
-        extra = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            draft._next(logits, want_top=False)  # type: ignore[union-attr]
-            t1 = time.perf_counter()
-            draft._next(logits, want_top=True)  # type: ignore[union-attr]
-            extra.append((time.perf_counter() - t1) - (t1 - t0))
-        return float(np.median(extra))
-    finally:
-        pipe._release(ws)
+    vocab = pipe.manifest.target.vocab_size
+    logits = np.random.default_rng(0).standard_normal(vocab).astype(np.float32)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        top_probability(logits, int(np.argmax(logits)))
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
 
 
 def calibration(traces: dict[str, Any], drafter: str) -> str:
@@ -138,9 +118,10 @@ def replay(
     n, t, seconds, caught_up_two = len(accepted_at), 0, 0.0, False
     target, draft = costs["target"], costs["draft"]
     while t < n:
-        k = policy.next_k("model") if policy is not None else k_fixed
+        decision = policy.decide(MODEL) if policy is not None else None
+        k = decision.k if decision is not None else k_fixed
         k = max(0, min(k, n - t - 1, DEPTH))
-        plan = policy.plan() if policy is not None else None
+        plan = decision.plan if decision is not None else None
         tops: list[float] = []
         examined = 0
         for i in range(k):
@@ -163,6 +144,7 @@ def replay(
             policy.observe(
                 StepResult(
                     np.zeros(1, np.int64),
+                    MODEL,
                     proposed,
                     accepted,
                     draft_s,
@@ -195,7 +177,7 @@ def main() -> None:
     else:
         data = {"traces": {}, "costs": {}}
         for d in drafters:
-            data["costs"][d] = pass_times(pipe, d)
+            data["costs"][d] = model_pass_times(pipe, d)
         for w, spec in workloads.items():
             for i, text in enumerate(spec["prompts"][: args.prompts]):
                 enc = pipe.codec.encode_chat if spec.get("chat") else pipe.codec.encode
@@ -216,7 +198,7 @@ def main() -> None:
             f"\n{d}: draft pass / target pass c = {c:.2f}; target pass by width (ms): "
             + ", ".join(f"{w}: {1e3 * s:.1f}" for w, s in sorted(costs["target"].items()))
         )
-        top_s = confidence_cost(pipe, d)
+        top_s = confidence_cost(pipe)
         print(
             f"  the draft's top probability costs {1e6 * top_s:.0f} us per draft token "
             f"({100 * top_s / costs['draft'][1]:.1f}% of a draft pass)"

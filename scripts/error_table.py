@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def specx(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "specx.runtime.cli", *args],
+        [sys.executable, "-m", "specx.apps.cli", *args],
         input=stdin,
         capture_output=True,
         text=True,
@@ -199,7 +199,7 @@ def main() -> int:
         )
         command = ["run", str(long_art), "-p", "The cat", "-n", "4000", "-k", "0", "--threads", "1"]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "specx.runtime.cli", *command],
+            [sys.executable, "-m", "specx.apps.cli", *command],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -59,7 +59,7 @@ def build(folder: Path, precision: str) -> Path:
 
 
 def step_times(pipe: object, widths: list[int], past: int = 512) -> dict[int, float]:
-    from specx.runtime.bench import pass_time
+    from specx.apps.bench import pass_time
 
     target = pipe.target  # type: ignore[attr-defined]
     return {w: pass_time(target, w, past, 20) for w in widths}
@@ -92,7 +92,7 @@ def run(artifact: Path, providers: list[str]) -> dict[str, object]:
 def main() -> int:
     import onnxruntime as ort
 
-    from specx.runtime.session import use_global_thread_pool
+    from specx.runtime.backends import use_global_thread_pool
 
     use_global_thread_pool()
     has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()

@@ -21,7 +21,7 @@ fi
 # specx itself from this checkout, without installing it: a package tree of symlinks.
 SRC="${TMPDIR:-/tmp}/specx-gpu-src"
 mkdir -p "$SRC/specx"
-for d in runtime exporter profiles; do ln -sfn "$ROOT/$d" "$SRC/specx/$d"; done
+for d in runtime profiles exporter apps; do ln -sfn "$ROOT/$d" "$SRC/specx/$d"; done
 export PYTHONPATH="$SITE:$SRC:${PYTHONPATH:-}"
 "$PY" - <<'PYEOF'
 import importlib.util
@@ -34,7 +34,7 @@ if spec:
 else:
     print("tensorrt: not installed (TensorRT tests and engines will be skipped)")
 try:
-    from specx.runtime.cuda import compute_capability
+    from specx.runtime.backends.cuda import compute_capability
     print("compute capability", compute_capability())
 except Exception as e:  # noqa: BLE001
     print("CUDA runtime:", e)

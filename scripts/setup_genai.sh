@@ -10,7 +10,7 @@
 #     SPECX_CACHE          cache root (default ~/.cache/specx); models go to $SPECX_CACHE/genai/
 #
 # Idempotent: an existing environment, HF folder or built model (genai_config.json present) is kept.
-# Then run:  $SPECX_GENAI_VENV/bin/python runtime/data/genai_runner.py --target .../target-fp32 ...
+# Then run:  $SPECX_GENAI_VENV/bin/python apps/bench/data/genai_runner.py --target .../target-fp32 ...
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${SPECX_GENAI_VENV:-$ROOT/.venv-genai}"

@@ -18,7 +18,7 @@ ruff check .
 ruff format --check .
 echo "== mypy" >&2
 mkdir -p .typecheck/specx
-for d in runtime exporter profiles; do ln -sfn "../../$d" ".typecheck/specx/$d"; done
-MYPYPATH=.typecheck mypy -p specx.runtime -p specx.exporter -p specx.profiles
+for d in runtime profiles exporter apps; do ln -sfn "../../$d" ".typecheck/specx/$d"; done
+MYPYPATH=.typecheck mypy -p specx.runtime -p specx.profiles -p specx.exporter -p specx.apps
 echo "== pytest" >&2
 python -m pytest "$@"

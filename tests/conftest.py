@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -172,3 +173,34 @@ def fp16_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
         log=lambda _m: None,
     )
     return TinyPair(root / "artifact", target, sources, "llama", 256)
+
+
+@pytest.fixture(scope="session")
+def long_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
+    """A tiny llama with a 2048-token cache, for long runs."""
+    import tiny_models
+    from specx.exporter import ExportOptions, export_pair
+
+    root = tmp_path_factory.mktemp("long")
+    target = tiny_models.build_model(
+        "llama", tokenizer.get_vocab_size(), seed=21, max_positions=4096
+    )
+    mixed = tiny_models.perturbed_copy(target, 0.02, seed=22)
+    sources = {
+        "target": tiny_models.save(target, tokenizer, root / "target"),
+        "mixed": tiny_models.save(mixed, tokenizer, root / "mixed"),
+    }
+    export_pair(
+        str(sources["target"]),
+        [f"mixed={sources['mixed']}"],
+        root / "artifact",
+        ExportOptions(max_length=2048),
+        log=lambda _m: None,
+    )
+    # A random model emits EOS now and then; a long run must not stop there, so this artifact
+    # declares no EOS token (the runtime then stops only at the cache limit).
+    manifest = root / "artifact" / "manifest.json"
+    data = json.loads(manifest.read_text())
+    data["special_tokens"]["eos_token_ids"] = []
+    manifest.write_text(json.dumps(data))
+    return TinyPair(root / "artifact", target, sources, "llama", 2048)

@@ -1,0 +1,83 @@
+"""The export's `--draft` entries, resolved once against the drafter registry.
+
+An entry is a model source (a folder, a .gguf file, a hub id), ``NAME=SOURCE``, or a registry
+keyword (``int8``, ``int4``, ``ngram``); ``ngram+ENTRY`` exports ENTRY and makes the hybrid the
+artifact's default drafter. Unnamed model drafts are called draft, draft2, ...; the target's own
+source drafts as ``self``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from specx.runtime.drafters import registry
+from specx.runtime.drafters.hybrid import PREFIX as HYBRID_PREFIX
+from specx.runtime.drafters.registry import DrafterKind
+from specx.runtime.errors import ExportError
+
+NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
+@dataclass(frozen=True)
+class DraftEntry:
+    name: str  # how `specx run --draft` selects it
+    source: str  # the model source, or the keyword
+    kind: DrafterKind
+    hybrid: bool = False  # given as ngram+ENTRY: the artifact's default becomes ngram+NAME
+
+
+def same_source(a: str, b: str) -> bool:
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    if pa.exists() and pb.exists():
+        return pa.resolve() == pb.resolve()
+    return a == b
+
+
+def _kind(source: str, target: str) -> DrafterKind:
+    keyword = None if Path(source).exists() else registry.keyword_kind(source)
+    if keyword is not None:
+        return keyword
+    return registry.KINDS["self" if same_source(source, target) else "model"]
+
+
+def resolve_drafts(drafts: Sequence[str], target: str) -> list[DraftEntry]:
+    entries: list[DraftEntry] = []
+    for i, entry in enumerate(drafts):
+        inner = None if Path(entry).exists() else registry.split_hybrid(entry)
+        item = inner if inner is not None else entry
+        name, sep, source = item.partition("=")
+        if not sep or not NAME.fullmatch(name) or Path(item).exists():
+            source = item
+            kind = _kind(item, target)
+            if kind.keyword is not None:
+                name = item
+            elif kind.name == "self":
+                name = "self"
+            else:
+                name = "draft" if i == 0 else f"draft{i + 1}"
+        else:
+            kind = _kind(source, target)
+        if kind.name == "ngram" and name != "ngram":
+            raise ExportError("the n-gram drafter is always named 'ngram'", "use --draft ngram")
+        if name in registry.RESERVED_NAMES and name != kind.keyword:
+            raise ExportError(f"draft name {name!r} is reserved", "choose another NAME=SOURCE")
+        if inner is not None and kind.export == registry.EXPORT_NOTHING:
+            raise ExportError(
+                f"{entry}: a lookup can only be put in front of a draft model",
+                "use ngram+int8, ngram+int4, ngram+PATH or ngram+NAME=PATH",
+            )
+        if name in (e.name for e in entries):
+            raise ExportError(f"two drafts are named {name!r}", "give each draft its own NAME=")
+        entries.append(DraftEntry(name, source, kind, hybrid=inner is not None))
+    return entries
+
+
+def default_drafter(entries: list[DraftEntry]) -> str | None:
+    """The first entry is the default drafter of `specx run` (None: no drafts given)."""
+    if not entries:
+        return None
+    first = entries[0]
+    return HYBRID_PREFIX + first.name if first.hybrid else first.name

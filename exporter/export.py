@@ -1,0 +1,262 @@
+"""`export_pair`: a target and its drafts -> one artifact folder, written atomically.
+
+Every graph is written into a hidden temporary folder beside the output, checked against its
+source model, and the folder is renamed into place only at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specx.profiles import Profile, load_profile
+from specx.runtime import contract
+from specx.runtime.backends.trt_session import import_tensorrt
+from specx.runtime.contract import Manifest, ModelSpec
+from specx.runtime.drafters import registry
+from specx.runtime.errors import ExportError
+
+from .check import check_parity
+from .drafts import DraftEntry, default_drafter, resolve_drafts
+from .engines import build_engines
+from .load import SourceModel, chat_template, check_pair, load_source, special_tokens
+from .onnx_export import export_graph, model_dims
+from .plan import plan_pair
+from .quantize import CALIBRATION_TEXT, derive_quantized_draft
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    max_length: int = 2048  # cache capacity (positions) of the exported pair
+    check_k: int = 4  # the verify width checked for parity is K + 1
+    opset: int = 17
+    force: bool = False  # replace an existing output folder
+    profile: str | None = None  # a built-in profile name or a .toml path: limits, precision
+    engines: bool = False  # also build TensorRT engines (needs TensorRT and a GPU)
+    # "gqa": ONNX Runtime's in-place GroupQueryAttention (fast on CPU/CUDA, no per-step cache
+    # copy); "plain": standard ONNX ops only (what TensorRT parses); "auto": plain for profiles
+    # that build TensorRT engines, gqa otherwise.
+    attention: str = "auto"
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {}
+    for name in ("specx", "torch", "transformers", "onnx", "onnxruntime", "tokenizers"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return out
+
+
+def _replace_atomically(staged: Path, output: Path) -> None:
+    """Move the finished `staged` folder to `output`, replacing an old artifact if present."""
+    if not output.exists():
+        os.replace(staged, output)
+        return
+    backup = output.with_name(f".{output.name}.old-{uuid.uuid4().hex[:8]}")
+    os.replace(output, backup)
+    try:
+        os.replace(staged, output)
+    except OSError:
+        os.replace(backup, output)  # put the previous artifact back
+        raise
+    shutil.rmtree(backup, ignore_errors=True)
+
+
+def resolve_attention(options: ExportOptions, profile: Profile | None) -> str:
+    if options.attention not in ("auto", *contract.ATTENTIONS):
+        raise ExportError(
+            f"--attention must be auto, gqa or plain, got {options.attention!r}",
+            "gqa for ONNX Runtime (CPU, CUDA), plain for TensorRT",
+        )
+    if options.attention != "auto":
+        return options.attention
+    uses_tensorrt = profile is not None and profile.tensorrt.enabled
+    return "plain" if uses_tensorrt or options.engines else "gqa"
+
+
+def _validate(output: Path, options: ExportOptions) -> None:
+    if options.max_length < 8:
+        raise ExportError(f"--max-length must be at least 8, got {options.max_length}")
+    if not 1 <= options.check_k <= 16:
+        raise ExportError(f"--check-k must be in 1..16, got {options.check_k}")
+    if output.exists():
+        if not output.is_dir():
+            raise ExportError(f"{output} exists and is not a folder", "choose another -o path")
+        if not options.force:
+            raise ExportError(
+                f"{output} already exists", "pass --force to replace it, or choose another -o"
+            )
+
+
+def export_pair(
+    target: str,
+    drafts: Sequence[str],
+    output: str | Path,
+    options: ExportOptions | None = None,
+    log: Callable[[str], None] = print,
+) -> Manifest:
+    """Export `target` and any `drafts` into the artifact folder `output`.
+
+    Everything is written into a hidden temporary folder beside `output` and renamed into place
+    only after every graph passed its parity check: a failed or interrupted export leaves no
+    partial artifact, and an existing artifact (with force) stays intact until the last step.
+    """
+    options = options or ExportOptions()
+    output = Path(output)
+    _validate(output, options)
+    profile = load_profile(options.profile) if options.profile else None
+    attention = resolve_attention(options, profile)
+    options = dataclasses.replace(options, attention=attention)
+    if options.engines and attention != "plain":
+        raise ExportError("TensorRT engines need plain graphs", "drop --attention gqa")
+    if options.engines:
+        if profile is None or not profile.tensorrt.enabled:
+            raise ExportError(
+                "--engines needs a profile with TensorRT enabled", "e.g. --profile gpu-datacenter"
+            )
+        import_tensorrt(builder=True)  # fail before any work if TensorRT is missing
+    entries = resolve_drafts(drafts, target)
+    if profile is not None:
+        options = dataclasses.replace(options, max_length=profile.max_context)
+        log(f"profile {profile.name}: {profile.description}")
+        plan_pair(profile, target, entries, options.engines, log)
+        cpu_only = [e.name for e in entries if not e.kind.fp16]
+        if profile.precision == "fp16" and cpu_only:
+            raise ExportError(
+                f"{'/'.join(cpu_only)} drafts are CPU drafts (ONNX Runtime quantization ops) and "
+                "need an fp32 profile",
+                "use a model draft or ngram with fp16 profiles",
+            )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
+    try:
+        os.chmod(staged, 0o755)  # mkdtemp makes it private; an artifact is meant to be shared
+        manifest = _export_into(staged, target, entries, options, profile, log)
+        if options.engines and profile is not None:
+            log("building TensorRT engines")
+            engines = build_engines(staged, manifest, profile, log)
+            manifest = dataclasses.replace(manifest, engines=tuple(engines))
+            manifest.write(staged)
+        _replace_atomically(staged, output)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _export_into(
+    folder: Path,
+    target: str,
+    drafts: list[DraftEntry],
+    options: ExportOptions,
+    profile: Profile | None,
+    log: Callable[[str], None],
+) -> Manifest:
+    precision = profile.precision if profile else "fp32"
+    t_start = time.perf_counter()
+    pair_id = uuid.uuid4().hex
+    steps = 1 + len(drafts)
+    timings: dict[str, float] = {}
+
+    def export_one(src: SourceModel, role: str, graph: str) -> ModelSpec:
+        t0 = time.perf_counter()
+        attention = options.attention
+        dims = model_dims(src)
+        if attention == "gqa" and dims["head_dim"] % 16:
+            log(
+                f"  {role}: head_dim {dims['head_dim']} is not a multiple of 16, which "
+                "GroupQueryAttention needs; exporting plain attention"
+            )
+            attention = "plain"
+        spec = export_graph(
+            src,
+            folder,
+            role,
+            graph,
+            options.max_length,
+            pair_id,
+            options.opset,
+            log,
+            precision,
+            attention,
+        )
+        timings[f"{graph}_export_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        parity = check_parity(src, folder, spec, options.check_k, log)
+        timings[f"{graph}_parity_s"] = time.perf_counter() - t0
+        return dataclasses.replace(spec, parity=parity)
+
+    log(f"[1/{steps}] target: loading {target}")
+    tsrc = load_source(target, log)
+    timings["target_load_s"] = tsrc.load_s
+    target_spec = export_one(tsrc, "target", "target.onnx")
+    tokenizer_size = len(tsrc.tokenizer)
+    tsrc.tokenizer.backend_tokenizer.save(str(folder / contract.TOKENIZER_FILE))
+    special = special_tokens(tsrc)
+    template = chat_template(tsrc)
+
+    calibration = tsrc.tokenizer(CALIBRATION_TEXT)["input_ids"]
+    draft_specs: list[ModelSpec] = []
+    for i, entry in enumerate(drafts):
+        name = entry.name
+        log(f"[{i + 2}/{steps}] draft {name!r}: {entry.source}")
+        recipe = entry.kind.export
+        if recipe == registry.EXPORT_NOTHING:
+            log(f"  {entry.kind.summary}: nothing to export")
+        elif recipe == registry.EXPORT_QUANTIZED:
+            tokens = np.asarray(calibration, dtype=np.int64)
+            spec = derive_quantized_draft(folder, target_spec, entry.kind.name, tokens, name, log)
+            draft_specs.append(spec)
+        elif recipe == registry.EXPORT_TARGET:
+            log("  the target drafts for itself (shows the mechanics; it cannot speed anything up)")
+            draft_specs.append(dataclasses.replace(target_spec, role="draft", name=name))
+        else:
+            dsrc = load_source(entry.source, log)
+            timings[f"{name}_load_s"] = dsrc.load_s
+            check_pair(tsrc, dsrc)
+            draft_specs.append(export_one(dsrc, "draft", f"{name}.onnx"))
+            del dsrc
+    del tsrc
+
+    max_length = min(s.max_length for s in (target_spec, *draft_specs))
+    timings["total_s"] = time.perf_counter() - t_start
+    manifest = Manifest(
+        format_version=contract.FORMAT_VERSION,
+        pair_id=pair_id,
+        target=target_spec,
+        drafts=tuple(draft_specs),
+        tokenizer=contract.TOKENIZER_FILE,
+        tokenizer_vocab_size=tokenizer_size,
+        special_tokens=special,
+        chat_template=template,
+        max_length=max_length,
+        exporter=_exporter_info(options, timings),
+        default_drafter=default_drafter(drafts),
+        profile=profile.to_json() if profile else None,
+    )
+    manifest.write(folder)
+    log(f"done in {timings['total_s']:.1f} s")
+    return manifest
+
+
+def _exporter_info(options: ExportOptions, timings: dict[str, float]) -> dict[str, Any]:
+    return {
+        "versions": _versions(),
+        "options": dataclasses.asdict(options),
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }

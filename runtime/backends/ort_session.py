@@ -1,0 +1,271 @@
+"""The ONNX Runtime backend (CPU and CUDA providers): one session per graph, I/O binding.
+
+``forward(tokens, cache)`` binds the cache's buffers as the graph's cache inputs and outputs, so
+keys and values are written straight into the cache; the logits land in a preallocated host
+buffer. Nothing is allocated or copied per step apart from the token ids and positions.
+
+    plain graphs   past = the valid prefix of each buffer, new = the slots right after it
+    gqa graphs     past and present = the same full buffer, bound once per cache; the lengths
+                   (seqlens_k, total_sequence_length) say what is valid
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from specx.runtime import contract
+from specx.runtime.backends.base import DEFAULT_CHUNK, GraphSession
+from specx.runtime.backends.providers import GPU_PROVIDERS, resolve_providers
+from specx.runtime.contract import ModelSpec
+from specx.runtime.errors import ArtifactError, ProviderError
+from specx.runtime.kv_cache import NP_DTYPES, KVCache
+from specx.runtime.memory import HOST, DeviceMemory
+
+ORT_TYPES = {
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+}
+
+# Thread pools. A speculative loop alternates between two sessions; with a pool per session
+# (onnxruntime's default) the idle pool's spinning threads steal cores from the busy one
+# (docs/bench/measurements.md). Two remedies:
+#   global   one intra-op pool shared by every session of the process: the fastest. onnxruntime
+#            then requires every session of the process to opt in (use_per_session_threads =
+#            False), also those an embedding application creates itself, so the library makes it
+#            opt-in (use_global_thread_pool) and the specx CLI, whose process is its own, uses it.
+#   session  a pool per session (the library default), with spinning off for sessions that
+#            alternate with another one.
+_pool: dict[str, Any] = {"global": False}
+
+
+def use_global_thread_pool(threads: int | None = None) -> bool:
+    """Share one intra-op thread pool among all onnxruntime sessions of this process.
+
+    Call it before the process creates its first onnxruntime session; every session created
+    afterwards must set ``use_per_session_threads = False`` (OrtSession does). Returns False if
+    this onnxruntime cannot do it (then sessions keep their own pools).
+    """
+    if _pool["global"]:
+        return True
+    try:
+        from onnxruntime.capi import _pybind_state
+
+        _pybind_state.set_global_thread_pool_sizes(threads or 0, 1)
+    except (ImportError, AttributeError, RuntimeError):
+        return False
+    _pool["global"] = True
+    return True
+
+
+def _configure_threads(options: ort.SessionOptions, threads: int | None, alternating: bool) -> None:
+    if _pool["global"]:
+        options.use_per_session_threads = False  # the pool's size was fixed when it was made
+        return
+    if threads:
+        options.intra_op_num_threads = threads
+    if alternating:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+
+
+class OrtValueBuffer:
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    @property
+    def ptr(self) -> int:
+        return int(self.value.data_ptr())
+
+    def to_host(self) -> np.ndarray:
+        return np.asarray(self.value.numpy())
+
+
+class OrtDeviceMemory:
+    """Tensors from ONNX Runtime's own allocator on a GPU, zero-filled from the host once."""
+
+    def __init__(self, device: str, device_id: int = 0) -> None:
+        self.device = device
+        self.device_id = device_id
+
+    def allocate(self, shape: tuple[int, ...], dtype: Any) -> OrtValueBuffer:
+        zeros = np.zeros(shape, dtype)
+        return OrtValueBuffer(ort.OrtValue.ortvalue_from_numpy(zeros, self.device, self.device_id))
+
+
+class OrtSession(GraphSession):
+    """An ONNX graph that follows the contract, run by ONNX Runtime through I/O binding."""
+
+    def __init__(
+        self,
+        graph_path: Path,
+        spec: ModelSpec,
+        providers: Sequence[str] | None = None,
+        threads: int | None = None,
+        max_chunk: int = DEFAULT_CHUNK,
+        provider_options: Sequence[dict[str, Any]] | None = None,
+        alternating: bool = False,
+    ) -> None:
+        """alternating: this session takes turns with another one (target and draft)."""
+        self.spec = spec
+        self.path = graph_path
+        self.providers = resolve_providers(providers)
+        on_gpu = self.providers[0] in GPU_PROVIDERS
+        if on_gpu and spec.attention == "gqa" and spec.dtype == "float32":
+            raise ProviderError(
+                f"{graph_path.name} is an fp32 GroupQueryAttention graph, which ONNX Runtime "
+                "runs only on the CPU (its CUDA kernel is fp16/bf16)",
+                "re-export with an fp16 profile (e.g. --profile gpu-datacenter) or "
+                "--attention plain for CUDA",
+            )
+        if not graph_path.is_file():
+            raise ArtifactError(
+                f"graph file {graph_path} is missing", "re-export the artifact with `specx export`"
+            )
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        _configure_threads(options, threads, alternating)
+        try:
+            self.session = ort.InferenceSession(
+                str(graph_path),
+                options,
+                providers=self.providers,
+                provider_options=list(provider_options) if provider_options else None,
+            )
+        except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph/... types
+            raise ArtifactError(
+                f"onnxruntime cannot load {graph_path.name}: {str(e).splitlines()[0][:300]}",
+                "the file is corrupt or truncated; re-export the artifact",
+            ) from e
+        active = self.session.get_providers()
+        if self.providers[0] not in active:
+            raise ProviderError(
+                f"{self.providers[0]} failed to initialise (active: {', '.join(active)})",
+                "check the CUDA/TensorRT installation and that a GPU is visible",
+            )
+        self._check_io()
+        self.memory: DeviceMemory = OrtDeviceMemory("cuda") if on_gpu else HOST
+        self.max_chunk = max_chunk
+        self.passes = 0
+        self._logits = np.empty((max_chunk, spec.vocab_size), np.float32)
+        self._binding = self.session.io_binding()
+        self._bound_cache: KVCache | None = None  # gqa: whose buffers the binding holds
+        self._position_ids = spec.uses_position_ids
+        self._cache_np_dtype = NP_DTYPES[spec.dtype]
+
+    def fork(self) -> OrtSession:
+        """ONNX Runtime sessions may run concurrently; bindings and output buffers may not."""
+        other = copy.copy(self)
+        other._logits = np.empty_like(self._logits)
+        other._binding = self.session.io_binding()
+        other._bound_cache = None
+        other.passes = 0
+        return other
+
+    @property
+    def pair_id(self) -> str:
+        metadata = self.session.get_modelmeta().custom_metadata_map
+        return str(metadata.get(contract.PAIR_ID_KEY, ""))  # "": the graph records no export
+
+    def _check_io(self) -> None:
+        got_in = {i.name: i for i in self.session.get_inputs()}
+        got_out = {o.name: o for o in self.session.get_outputs()}
+        for expected, got, kind in (
+            (self.spec.expected_inputs(), got_in, "input"),
+            (self.spec.expected_outputs(), got_out, "output"),
+        ):
+            names = {t.name for t in expected}
+            extra = sorted(set(got) - names)
+            if extra:
+                raise ArtifactError(
+                    f"{self.path.name} has {kind}(s) {extra[:4]} that the manifest does not list",
+                    "the graph and manifest come from different exports; re-export",
+                )
+            for t in expected:
+                node = got.get(t.name)
+                if node is None:
+                    raise ArtifactError(
+                        f"{self.path.name} lacks the {kind} {t.name!r} that the manifest lists",
+                        "the graph and manifest come from different exports; re-export",
+                    )
+                dtype = ORT_TYPES.get(node.type, node.type)
+                if dtype != t.dtype or len(node.shape) != len(t.shape):
+                    raise ArtifactError(
+                        f"{self.path.name}: {kind} {t.name!r} is {dtype} of rank "
+                        f"{len(node.shape)}, the manifest says {t.dtype} of rank {len(t.shape)}",
+                        "the graph and manifest come from different exports; re-export",
+                    )
+                for got_dim, want_dim in zip(node.shape, t.shape, strict=True):
+                    if (
+                        isinstance(want_dim, int)
+                        and isinstance(got_dim, int)
+                        and got_dim != want_dim
+                    ):
+                        raise ArtifactError(
+                            f"{self.path.name}: {kind} {t.name!r} has shape {node.shape}, the "
+                            f"manifest says {list(t.shape)}",
+                            "the graph and manifest come from different exports; re-export",
+                        )
+
+    def forward(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
+        seq = int(tokens.shape[0])
+        self.check_pass(seq, cache)
+        past = cache.length
+        ids = np.ascontiguousarray(tokens, dtype=np.int64).reshape(1, seq)
+        io = self._binding
+        io.bind_cpu_input(contract.INPUT_IDS, ids)
+        if self._position_ids:
+            positions = np.arange(past, past + seq, dtype=np.int64).reshape(1, seq)
+            io.bind_cpu_input(contract.POSITION_IDS, positions)
+        if self.spec.attention == "gqa":
+            self._bind_gqa(io, cache, past, seq)
+        else:
+            self._bind_plain(io, cache, past, seq)
+        io.bind_output(
+            contract.LOGITS,
+            "cpu",
+            0,
+            np.float32,
+            [1, seq, self.vocab_size],
+            self._logits.ctypes.data,
+        )
+        self.session.run_with_iobinding(io)
+        cache.advance(seq)
+        self.passes += 1
+        return self._logits[:seq]
+
+    def _bind_plain(self, io: Any, cache: KVCache, past: int, seq: int) -> None:
+        """past = the valid prefix of each buffer; new = the slots right after it."""
+        dev, dev_id, dt = cache.device, cache.device_id, self._cache_np_dtype
+        past_shape = [1, past, cache.kv_heads, cache.head_dim]
+        new_shape = [1, seq, cache.kv_heads, cache.head_dim]
+        for layer in range(cache.num_layers):
+            for name_past, name_new, ptr in (
+                (contract.past_key(layer), contract.new_key(layer), cache.key_ptr),
+                (contract.past_value(layer), contract.new_value(layer), cache.value_ptr),
+            ):
+                io.bind_input(name_past, dev, dev_id, dt, past_shape, ptr(layer))
+                io.bind_output(name_new, dev, dev_id, dt, new_shape, ptr(layer, past))
+
+    def _bind_gqa(self, io: Any, cache: KVCache, past: int, seq: int) -> None:
+        """past and present = the same full buffer; the lengths say what is valid."""
+        io.bind_cpu_input(contract.SEQLENS_K, np.array([past + seq - 1], dtype=np.int32))
+        io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, np.array(past + seq, dtype=np.int32))
+        if self._bound_cache is cache:
+            return  # the cache buffers are bound already and never move
+        dev, dev_id, dt, shape = cache.device, cache.device_id, self._cache_np_dtype, cache.shape
+        for layer in range(cache.num_layers):
+            for name_in, name_out, ptr in (
+                (contract.past_key(layer), contract.present_key(layer), cache.key_ptr(layer)),
+                (contract.past_value(layer), contract.present_value(layer), cache.value_ptr(layer)),
+            ):
+                io.bind_input(name_in, dev, dev_id, dt, list(shape), ptr)
+                io.bind_output(name_out, dev, dev_id, dt, list(shape), ptr)
+        self._bound_cache = cache

@@ -1,0 +1,71 @@
+"""The drafter seam: anything that proposes the next tokens cheaply.
+
+One narrow interface (like transformers' ``CandidateGenerator``, vLLM's proposers):
+
+    start(prompt, request)         a new generation begins with these prompt tokens and settings
+    source(context)                where the next proposal will come from ("model", "lookup",
+                                   "none" when there is nothing to propose), asked before
+                                   `propose` so that `-k auto` can choose K per source
+    propose(context, k, plan)      up to k tokens that may follow `context` (every committed token);
+                                   a drafter that knows its confidence asks `plan` after each
+                                   token whether to take it and whether to draft another
+    commit(num_accepted)           how many of the last proposal the target accepted
+
+Everything a step learns about drafting comes back in the ``Proposal``'s declared fields (the
+tokens, their distributions or confidences, the catch-up and model passes it cost): callers never
+read a drafter's internals. A drafter is one module in this package plus one entry in
+registry.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from specx.runtime.sampling import PositionNoise, SamplingParams
+
+# Where a proposal comes from; -k auto keeps its estimates per source.
+MODEL = "model"  # a draft model: a pass per drafted token
+LOOKUP = "lookup"  # a lookup in the text so far: free
+NONE = "none"  # nothing to propose: the step is a plain decode step
+
+EMPTY = np.zeros(0, dtype=np.int64)
+
+# (position in the proposal, the draft's top probability there) -> (take this token, draft more)
+DraftPlan = Callable[[int, float], tuple[bool, bool]]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: np.ndarray  # [n] int64, n <= k
+    p_draft: np.ndarray | None = None  # [n, target_vocab]: rejection sampling only; else None
+    confidence: np.ndarray | None = None  # [n] the draft's top probability at each token
+    catchup: int = 0  # committed tokens the drafter fed to its model before drafting
+    model_passes: int = 0  # draft-model passes this proposal cost
+
+
+NO_PROPOSAL = Proposal(EMPTY)
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """What a generation tells its drafter when it starts: the settings of this generation."""
+
+    sampling: SamplingParams
+    noise: PositionNoise  # the generation's keyed random numbers (shared with the verifier)
+    min_confidence: float = 0.0  # a model draft stops below this top probability (0: never)
+
+
+class Drafter(Protocol):
+    name: str
+
+    def start(self, prompt: np.ndarray, request: DraftRequest) -> None: ...
+
+    def source(self, context: np.ndarray) -> str: ...
+
+    def propose(self, context: np.ndarray, k: int, plan: DraftPlan | None = None) -> Proposal: ...
+
+    def commit(self, num_accepted: int) -> None: ...

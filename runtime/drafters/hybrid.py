@@ -1,0 +1,43 @@
+"""n-gram lookup first, a draft model when the lookup finds nothing (like "lookahead" plus a
+draft). Lookups are free and often long on input-grounded or repetitive text; the model covers
+the rest. The model's cache only catches up when it is used."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specx.runtime.drafters.base import LOOKUP, MODEL, DraftPlan, DraftRequest, Proposal
+from specx.runtime.drafters.model import ModelDrafter
+from specx.runtime.drafters.ngram import NgramDrafter
+
+PREFIX = "ngram+"  # a hybrid's name: ngram+NAME, NAME a model draft of the artifact
+
+
+class HybridDrafter:
+    def __init__(
+        self, lookup: NgramDrafter, model: ModelDrafter, min_match_tokens: int = 2
+    ) -> None:
+        self.name = PREFIX + model.name
+        self.lookup = lookup
+        self.model = model
+        self.min_match_tokens = min_match_tokens
+        self._used_model = False
+
+    def start(self, prompt: np.ndarray, request: DraftRequest) -> None:
+        self.lookup.start(prompt, request)
+        self.model.start(prompt, request)
+
+    def source(self, context: np.ndarray) -> str:
+        matched = self.lookup.continuation(context).shape[0] >= self.min_match_tokens
+        return LOOKUP if matched else MODEL
+
+    def propose(self, context: np.ndarray, k: int, plan: DraftPlan | None = None) -> Proposal:
+        self._used_model = self.source(context) == MODEL
+        if self._used_model:
+            self.lookup.forget()
+            return self.model.propose(context, k, plan)
+        return self.lookup.propose(context, k)
+
+    def commit(self, num_accepted: int) -> None:
+        if self._used_model:
+            self.model.commit(num_accepted)

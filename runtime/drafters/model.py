@@ -1,0 +1,130 @@
+"""A draft model: a smaller graph (another model, a quantized copy, the target itself) with its
+own preallocated cache.
+
+Invariant between calls: the cache holds a prefix of the committed tokens. ``propose`` first feeds
+the committed tokens the cache lacks (one or two after a verify: the catch-up), then drafts
+token by token, each from the logits of the one before; ``commit`` truncates the cache to what
+the target kept. The draft picks each token the way the target would check it: the argmax when
+greedy; with sampling, the exponential race under the position's draws (invariant verification)
+or its own keyed draw, returning its distributions (rejection verification).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specx.runtime.backends.base import GraphSession
+from specx.runtime.drafters.base import (
+    EMPTY,
+    MODEL,
+    DraftPlan,
+    DraftRequest,
+    Proposal,
+)
+from specx.runtime.sampling import (
+    DRAFT,
+    PositionNoise,
+    SamplingParams,
+    race,
+    sample,
+    top_probability,
+    warp,
+)
+
+
+class ModelDrafter:
+    def __init__(
+        self,
+        session: GraphSession,
+        capacity: int,
+        target_vocab: int,
+        eos_token_ids: tuple[int, ...] = (),
+        name: str = "draft",
+    ) -> None:
+        self.name = name
+        self.session = session
+        self.cache = session.new_cache(capacity)
+        self.target_vocab = target_vocab
+        # Tokens both models can emit; the rest are padding rows of the larger vocabulary.
+        self.shared_vocab = min(session.vocab_size, target_vocab)
+        self.eos = np.asarray(eos_token_ids, dtype=np.int64)
+        self._request = DraftRequest(SamplingParams(), PositionNoise(0, target_vocab))
+        self._context_len = 0
+        self._fed_from_proposal = 0
+
+    def _input(self, tokens: np.ndarray) -> np.ndarray:
+        # A target padding-row id (possible only with untrained targets) is not a valid draft
+        # input; feed token 0 instead. The draft then guesses worse, the output stays exact.
+        if tokens.size and int(tokens.max()) >= self.session.vocab_size:
+            return np.where(tokens < self.session.vocab_size, tokens, 0)
+        return tokens
+
+    def start(self, prompt: np.ndarray, request: DraftRequest) -> None:
+        self._request = request
+        self.cache.reset()
+        if prompt.shape[0] > 1:
+            self.session.prefill(self._input(prompt[:-1]), self.cache)
+
+    def _next(
+        self, logits: np.ndarray, position: int, want_top: bool
+    ) -> tuple[int, np.ndarray | None, float]:
+        """The token for `position`: (token, its distribution over the target vocabulary when
+        rejection sampling needs it, else None; the draft's top probability)."""
+        row = logits[: self.shared_vocab]
+        sampling = self._request.sampling
+        if sampling.greedy:
+            token = int(np.argmax(row))
+            return token, None, top_probability(row, token) if want_top else 1.0
+        probs = warp(row, sampling)  # [shared_vocab]
+        noise = self._request.noise
+        if sampling.verification == "invariant":
+            exponentials = noise.exponentials(position)[: self.shared_vocab]
+            return int(race(probs, exponentials)), None, float(probs.max())
+        token = sample(probs, noise.uniform(DRAFT, position))
+        full = np.zeros(self.target_vocab, dtype=np.float64)  # [target_vocab]
+        full[: self.shared_vocab] = probs
+        return token, full, float(probs.max())
+
+    def source(self, context: np.ndarray) -> str:
+        return MODEL
+
+    def propose(self, context: np.ndarray, k: int, plan: DraftPlan | None = None) -> Proposal:
+        self._context_len = int(context.shape[0])
+        self._fed_from_proposal = 0
+        if k <= 0:
+            return Proposal(EMPTY)
+        passes_before = self.session.passes
+        pending = context[self.cache.length :]  # committed tokens the draft has not seen
+        logits = self.session.prefill(self._input(pending), self.cache)  # a view: used at once
+        assert logits is not None
+        min_confidence = self._request.min_confidence
+        tokens: list[int] = []
+        rows: list[np.ndarray] = []
+        tops: list[float] = []
+        want_top = plan is not None or min_confidence > 0.0
+        for i in range(k):
+            token, probs, top = self._next(logits, self._context_len + i, want_top)
+            if i > 0 and top < min_confidence:
+                break  # the draft is unsure: verify what we have
+            take, more = plan(i, top) if plan is not None else (True, True)
+            if not take:
+                break
+            tokens.append(token)
+            tops.append(top)
+            if probs is not None:
+                rows.append(probs)
+            if not more or i == k - 1 or (self.eos.size and token in self.eos):
+                break
+            logits = self.session.forward(self._input(np.array([token])), self.cache)[0]
+            self._fed_from_proposal += 1
+        return Proposal(
+            np.asarray(tokens, dtype=np.int64),
+            np.stack(rows) if rows else None,  # [n, target_vocab]
+            np.asarray(tops) if want_top else None,  # [n]
+            catchup=int(pending.shape[0]),
+            model_passes=self.session.passes - passes_before,
+        )
+
+    def commit(self, num_accepted: int) -> None:
+        kept = self._context_len + min(num_accepted, self._fed_from_proposal)
+        self.cache.truncate(min(kept, self.cache.length))

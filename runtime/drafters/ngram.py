@@ -1,0 +1,75 @@
+"""Prompt lookup (Saxena 2023): propose what followed the latest earlier occurrence of the
+context's last n tokens, for n from max_ngram down to min_ngram. No model; the only state is the
+current step's search result.
+
+The search is one vectorized comparison per n over the context (numpy sliding windows), so it
+costs microseconds even for thousands of tokens. Proposals stop after an EOS token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specx.runtime.drafters.base import EMPTY, LOOKUP, NONE, DraftPlan, DraftRequest, Proposal
+
+LOOKAHEAD = 64  # the most tokens a continuation is read ahead (K never exceeds 16)
+
+
+class NgramDrafter:
+    def __init__(
+        self, max_ngram: int = 3, min_ngram: int = 1, eos_token_ids: tuple[int, ...] = ()
+    ) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.name = "ngram"
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.eos = np.asarray(eos_token_ids, dtype=np.int64)
+        self._found: tuple[int, np.ndarray] = (-1, EMPTY)  # (context length, continuation)
+
+    def start(self, prompt: np.ndarray, request: DraftRequest) -> None:
+        self._found = (-1, EMPTY)  # nothing looked up yet
+
+    def continuation(self, context: np.ndarray) -> np.ndarray:
+        """What followed the best earlier match of the context's suffix (up to LOOKAHEAD tokens,
+        cut after an EOS), or nothing. Kept until the step's `propose`, so one step searches
+        once however often it asks."""
+        length = int(context.shape[0])
+        if self._found[0] != length:
+            self._found = (length, self._search(context, length))
+        return self._found[1]
+
+    def forget(self) -> None:
+        """The step is over: the next context is a new one."""
+        self._found = (-1, EMPTY)
+
+    def _search(self, context: np.ndarray, length: int) -> np.ndarray:
+        if length < 2:
+            return EMPTY
+        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
+            pattern = context[length - n :]  # [n]
+            # windows over context[:-1] so that every match is followed by at least one token
+            windows = np.lib.stride_tricks.sliding_window_view(context[: length - 1], n)
+            hits = np.flatnonzero(np.all(windows == pattern, axis=1))  # starts of matches
+            if hits.size == 0:
+                continue
+            start = int(hits[-1]) + n  # the latest occurrence: closest to the current topic
+            tokens = context[start : start + LOOKAHEAD]
+            if self.eos.size:
+                stops = np.flatnonzero(np.isin(tokens, self.eos))
+                if stops.size:
+                    tokens = tokens[: int(stops[0]) + 1]
+            return tokens.astype(np.int64, copy=True)
+        return EMPTY
+
+    def source(self, context: np.ndarray) -> str:
+        return LOOKUP if self.continuation(context).size else NONE
+
+    def propose(self, context: np.ndarray, k: int, plan: DraftPlan | None = None) -> Proposal:
+        """`plan` is not asked: a lookup has no confidence, and its tokens cost nothing."""
+        found = self.continuation(context)
+        self.forget()
+        return Proposal(found[:k] if k > 0 else EMPTY)
+
+    def commit(self, num_accepted: int) -> None:
+        """Nothing to keep: the next lookup reads the updated context."""

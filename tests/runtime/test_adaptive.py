@@ -1,0 +1,182 @@
+"""-k auto: the adaptive K policy, fed scripted steps (no model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specx.runtime.adaptive import AdaptiveK
+from specx.runtime.drafters import LOOKUP, MODEL, NONE
+from specx.runtime.generate import StepResult
+
+
+def ids(*tokens: int) -> np.ndarray:
+    return np.asarray(tokens, dtype=np.int64)
+
+
+def step(proposed: int, accepted: int, draft_s: float = 0.01, verify_s: float = 0.03) -> StepResult:
+    """A model draft's step: a pass per drafted token, one token of catch-up."""
+    return StepResult(ids(0), MODEL, proposed, accepted, draft_s * proposed, verify_s, proposed, 1)
+
+
+def test_adaptive_k_grows_on_an_all_accept_streak_and_stays_in_bounds() -> None:
+    policy = AdaptiveK(max_k=6, start_k=2)
+    ks = []
+    for _ in range(30):
+        k = policy.decide(MODEL).k
+        ks.append(k)
+        policy.observe(step(k, k, draft_s=0.003, verify_s=0.03 + 0.001 * k))
+    assert all(0 <= k <= 6 for k in ks)
+    assert ks[-1] == 6 and policy.acceptance(0) > 0.9
+
+
+def test_adaptive_k_shrinks_on_an_all_reject_streak_and_probes_again() -> None:
+    policy = AdaptiveK(max_k=6, start_k=4, probe_every=5)
+    ks = []
+    for _ in range(40):
+        k = policy.decide(MODEL).k
+        ks.append(k)
+        policy.observe(step(k, 0, draft_s=0.02, verify_s=0.03))
+    assert 0 in ks[5:] and ks[20:].count(0) >= 12  # mostly the target alone
+    assert 2 in ks[20:]  # a probe after a run of K = 0
+
+
+def test_adaptive_k_prefers_small_k_for_an_expensive_draft() -> None:
+    cheap, costly = AdaptiveK(max_k=8), AdaptiveK(max_k=8)
+    for _ in range(20):
+        for policy, draft_s in ((cheap, 0.001), (costly, 0.025)):
+            k = policy.decide(MODEL).k
+            policy.observe(step(k, int(0.7 * k), draft_s=draft_s, verify_s=0.03))
+    assert costly.decide(MODEL).k < cheap.decide(MODEL).k
+
+
+def test_adaptive_k_learns_correlated_acceptance_and_drafts_long_runs() -> None:
+    """An n-gram-like drafter: the first token is often wrong, but a run that starts right goes
+    on (independent-acceptance models would pick a short K here)."""
+    policy = AdaptiveK(max_k=8, start_k=2)
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        k = policy.decide(MODEL).k
+        accepted = k if (k and rng.random() < 0.4) else 0
+        policy.observe(StepResult(ids(0), MODEL, k, accepted, 1e-5 * k, 0.03 + 0.0005 * k, 0, 0))
+    assert policy.acceptance(0) < 0.6 and policy.acceptance(2) > 0.9
+    assert policy.decide(MODEL).k >= 6
+
+
+def test_adaptive_k_keeps_separate_estimates_for_lookups_and_model_drafts() -> None:
+    """A hybrid drafter: free lookups whose matches run on, and a draft model that pays a pass per
+    token and is right 60% of the time. One K for both would fit neither."""
+    policy = AdaptiveK(max_k=8, start_k=2)
+    rng = np.random.default_rng(1)
+    chosen: dict[str, list[int]] = {LOOKUP: [], MODEL: []}
+    for _ in range(120):
+        source = LOOKUP if rng.random() < 0.5 else MODEL
+        k = policy.decide(source).k
+        chosen[source].append(k)
+        if source == LOOKUP:
+            accepted = k if (k and rng.random() < 0.6) else 0
+            policy.observe(StepResult(ids(0), source, k, accepted, 2e-5 * k, 0.03 + 0.0015 * k))
+        else:
+            accepted = 0
+            while accepted < k and rng.random() < 0.6:
+                accepted += 1
+            policy.observe(
+                StepResult(ids(0), source, k, accepted, 0.015 * k, 0.03 + 0.0015 * k, k, 1)
+            )
+    assert policy.sources[LOOKUP].draft_pass_s < 1e-3 < policy.sources[MODEL].draft_pass_s
+    assert policy.acceptance(3, LOOKUP) > 0.9 > 0.7 > policy.acceptance(3, MODEL)
+    late_lookup, late_model = chosen[LOOKUP][-20:], chosen[MODEL][-20:]
+    assert min(late_lookup) >= 6 and max(late_model) <= 3
+    assert policy.decide(NONE).k == 0  # a lookup without a match: a plain decode step
+
+
+def test_adaptive_k_charges_each_verify_width_what_it_was_measured_to_cost() -> None:
+    """Pass time is not linear in the width (3 to 5 tokens cost the same here, 7 a third more):
+    a line would overcharge K = 4 and undercharge K = 6."""
+    policy = AdaptiveK(max_k=6)
+    measured = {1: 0.030, 2: 0.031, 3: 0.032, 4: 0.032, 5: 0.032, 6: 0.037, 7: 0.043}
+    for _ in range(12):
+        for width, seconds in measured.items():
+            policy.decide(MODEL)
+            policy.observe(StepResult(ids(0), MODEL, width - 1, 0, 0.01 * (width - 1), seconds))
+    for width, seconds in measured.items():
+        assert policy.verify_s(width) == pytest.approx(seconds, rel=0.05)
+    assert policy.verify_line_s(5) > 1.05 * policy.verify_s(5)
+    assert policy.verify_line_s(7) < 0.95 * policy.verify_s(7)
+    assert AdaptiveK(max_k=2).verify_s(9) == 1.0  # nothing measured, width beyond any K
+
+
+def test_adaptive_k_drafts_while_the_draft_is_confident_and_stops_when_it_is_not() -> None:
+    """A draft whose confident tokens are accepted and whose unsure ones are rejected: once the
+    run has learned that, drafting goes on through confident stretches (up to max_k) and stops
+    at the first unsure token."""
+    policy = AdaptiveK(max_k=6, start_k=3)
+    rng = np.random.default_rng(2)
+    lengths = []
+    for _ in range(80):
+        decision = policy.decide(MODEL)
+        k, plan = decision.k, decision.plan
+        tops: list[float] = []
+        for i in range(k):  # what a draft model does with the plan
+            top = 0.95 if rng.random() < 0.7 else 0.2
+            take, more = plan(i, top) if plan is not None else (True, True)
+            if not take:
+                break
+            tops.append(top)
+            if not more:
+                break
+        n, unsure = len(tops), [i for i, t in enumerate(tops) if t < 0.5]
+        accepted = unsure[0] if unsure else n
+        result = StepResult(
+            ids(0), MODEL, n, accepted, 0.01 * n, 0.03 + 0.003 * n, n, 1, np.array(tops)
+        )
+        policy.observe(result)
+        lengths.append(n)
+    assert max(lengths[-30:]) == 6  # confident stretches are drafted to max_k
+    assert policy.decide(MODEL).k == 6
+    plan = policy.decide(MODEL).plan
+    assert plan is not None
+    assert [plan(i, 0.99) for i in range(3)] == [(True, True)] * 3
+    assert plan(3, 0.1)[0] is False  # an unsure token is not worth verifying
+    assert plan(0, 0.99) == (True, True)  # a new proposal starts a new chain
+    assert AdaptiveK().plan(MODEL)(5, 0.01) == (True, True)  # nothing learned: draft all of K
+
+
+def test_adaptive_k_inherits_what_an_earlier_generation_learned() -> None:
+    learned = AdaptiveK(max_k=6)
+    for _ in range(30):
+        k = learned.decide(MODEL).k
+        learned.observe(step(k, k, draft_s=0.002, verify_s=0.03))
+    fresh = AdaptiveK(max_k=6)
+    assert fresh.decide(MODEL).k == 3  # nothing known: the default start
+    warm = AdaptiveK(max_k=6)
+    warm.inherit(learned)
+    assert warm.decide(MODEL).k == 6  # cheap, always-accepted drafts: the longest K from step one
+
+
+def test_the_replay_simulation_runs_the_real_policy_on_a_recorded_trace() -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "adaptive_sim.py"
+    spec = importlib.util.spec_from_file_location("adaptive_sim", path)
+    assert spec is not None and spec.loader is not None
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    # an easy text (8 of 8 accepted, confident) followed by a hard one (nothing accepted, unsure)
+    trace = {
+        "accepted": [8] * 30 + [0] * 30,
+        "confidence": [[0.99] * 8] * 30 + [[0.2] * 8] * 30,
+    }
+    costs = {"target": {w: 0.020 + 0.001 * w for w in range(1, 8)}, "draft": {1: 0.01, 2: 0.011}}
+    rng = np.random.default_rng(0)
+    rates = {}
+    for k in (1, 4):
+        tokens, seconds = sim.replay(trace, costs, None, k, rng)
+        assert tokens == 60 and seconds > 0
+        rates[k] = tokens / seconds
+    policy = AdaptiveK(max_k=6)
+    tokens, seconds = sim.replay(trace, costs, policy, 0, rng)
+    assert tokens == 60 and policy.history
+    assert tokens / seconds > max(rates.values())  # long where easy, nothing wasted where hard
