@@ -60,8 +60,11 @@ def resolve_drafts(drafts: Sequence[str], target: str) -> list[DraftEntry]:
                 name = "draft" if i == 0 else f"draft{i + 1}"
         else:
             kind = _kind(source, target)
-        if kind.name == "ngram" and name != "ngram":
-            raise ExportError("the n-gram drafter is always named 'ngram'", "use --draft ngram")
+        if kind.export == registry.EXPORT_NOTHING and name != kind.keyword:
+            raise ExportError(
+                f"the {kind.name} drafter is always named {kind.keyword!r}",
+                f"use --draft {kind.keyword}",
+            )
         if name in registry.RESERVED_NAMES and name != kind.keyword:
             raise ExportError(f"draft name {name!r} is reserved", "choose another NAME=SOURCE")
         if inner is not None and kind.export == registry.EXPORT_NOTHING:

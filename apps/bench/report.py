@@ -147,11 +147,14 @@ def format_report(results: dict[str, Any]) -> str:
             )
     if "sampling" in results:
         lines.append("")
-        lines.append("== sampling (chat prompts)")
-        for temperature, per_config in results["sampling"].items():
+        lines.append(
+            "== sampling (chat prompts; T=t: invariant verification, the default; "
+            "T=t rejection: --verification rejection)"
+        )
+        for setting, per_config in results["sampling"].items():
             for name, r in per_config.items():
                 lines.append(
-                    f"T={temperature:<5}{name:<14}{r['tokens_per_s']:>7.1f} tok/s  speedup "
+                    f"T={setting:<15}{name:<14}{r['tokens_per_s']:>7.1f} tok/s  speedup "
                     f"{_f(r['speedup'])}  acceptance {100 * r['acceptance_rate']:.0f}%"
                 )
     lines.append("")

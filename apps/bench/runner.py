@@ -12,6 +12,7 @@ that drifts of a noisy machine hit every configuration alike; speedups are ratio
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -30,6 +31,7 @@ from specx.runtime import GenerationSettings, Pipeline, SamplingParams
 from specx.runtime.backends import GraphSession
 from specx.runtime.drafters.registry import benchmark_drafters
 from specx.runtime.errors import InputError
+from specx.runtime.sampling import VERIFICATIONS
 
 Progress = Callable[[str], None]
 
@@ -46,6 +48,7 @@ class BenchConfig:
     repeats: int = 3
     temperatures: tuple[float, ...] = (0.7, 1.0)  # sampling workload (chat prompts)
     sampling_k: int = 2
+    verifications: tuple[str, ...] = VERIFICATIONS  # how sampled drafts are checked
     contexts: tuple[int, ...] = (64, 256, 1024, 2048)
     micro_repeats: int = 15
     peers: tuple[str, ...] = ("hf", "genai")
@@ -394,16 +397,21 @@ def _sampling_runs(
     runs: list[dict[str, Any]] = [{"name": "target", "k": 0, "drafter": "none"}] + [
         {"name": f"{d} K={cfg.sampling_k}", "k": cfg.sampling_k, "drafter": d} for d in drafters
     ]
-    for temperature in (0.0, *cfg.temperatures):
+    settings = [("0.0", SamplingParams())] + [
+        (f"{t}" if v == VERIFICATIONS[0] else f"{t} {v}", SamplingParams(t, verification=v))
+        for t in cfg.temperatures
+        for v in cfg.verifications
+    ]
+    for label, base in settings:
         records = []
         for rep in range(cfg.repeats):
             for i, prompt in enumerate(prompts[workload]):
                 for run in runs:
-                    params = SamplingParams(temperature=temperature, seed=1000 * rep + i)
+                    params = dataclasses.replace(base, seed=1000 * rep + i)
                     res = _generate(pipe, prompt, run, cfg.max_new_tokens, params)
                     records.append(RunRecord.of(workload, run["name"], rep, i, res.stats))
-            progress(f"sampling T={temperature} repeat {rep + 1}/{cfg.repeats}")
-        out[str(temperature)] = _aggregate(records)
+            progress(f"sampling T={label} repeat {rep + 1}/{cfg.repeats}")
+        out[label] = _aggregate(records)
     return out
 
 

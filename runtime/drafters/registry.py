@@ -130,8 +130,12 @@ RESERVED_NAMES = (NO_DRAFTER, "target", "auto", *(k.keyword for k in KINDS.value
 def keyword_kind(entry: str) -> DrafterKind | None:
     """The kind an export --draft entry names by keyword (int8, int4, ngram); None for a model
     source. ngram+X is a hybrid: see split_hybrid."""
-    kind = next((k for k in KINDS.values() if k.keyword == entry), None)
-    return kind if kind is not None and kind.name != "hybrid" else None
+    return next((k for k in KINDS.values() if k.keyword == entry == k.name), None)
+
+
+def model_free_kinds() -> list[DrafterKind]:
+    """Drafters that need no graph (n-gram lookup): every artifact offers them."""
+    return [k for k in KINDS.values() if k.export == EXPORT_NOTHING and k.keyword == k.name]
 
 
 def split_hybrid(entry: str) -> str | None:
@@ -153,7 +157,8 @@ def drafter_names(manifest: Manifest) -> list[str]:
     """What `--draft` may name for this artifact: its draft models, n-gram lookup (always),
     each draft model behind a lookup, and none."""
     models = [d.name for d in manifest.drafts]
-    return [*models, "ngram", *(PREFIX + m for m in models), NO_DRAFTER]
+    free = [k.name for k in model_free_kinds()]
+    return [*models, *free, *(PREFIX + m for m in models), NO_DRAFTER]
 
 
 def default_drafter(manifest: Manifest) -> str:
@@ -165,7 +170,7 @@ def default_drafter(manifest: Manifest) -> str:
 def benchmark_drafters(manifest: Manifest) -> list[str]:
     """The drafters `specx bench` measures unless told otherwise."""
     models = [d.name for d in manifest.drafts if kind_of_spec(manifest, d).benchmarked]
-    return [*models, "ngram"]
+    return [*models, *(k.name for k in model_free_kinds() if k.benchmarked)]
 
 
 def build_drafter(name: str, resources: DraftResources) -> Drafter | None:
@@ -177,8 +182,8 @@ def build_drafter(name: str, resources: DraftResources) -> Drafter | None:
         )
     if name == NO_DRAFTER:
         return None
-    if name == "ngram":
-        kind = KINDS["ngram"]
+    if name in (k.name for k in model_free_kinds()):
+        kind = KINDS[name]
     elif split_hybrid(name) is not None:
         kind = KINDS["hybrid"]
     else:
