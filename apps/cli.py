@@ -80,6 +80,18 @@ def _thread_pool(threads: int | None) -> None:
         use_global_thread_pool(threads)
 
 
+def _decode_prompt(data: bytes, where: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        from specx.runtime.errors import InputError
+
+        raise InputError(
+            f"{where} is not valid UTF-8 (byte {e.start}: {data[e.start : e.start + 1]!r})",
+            "pass the prompt as UTF-8 text",
+        ) from e
+
+
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     from specx.runtime.errors import InputError
 
@@ -90,18 +102,11 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
             data = prompt_file.read_bytes()
         except OSError as e:
             raise InputError(f"cannot read the prompt file {prompt_file}: {e.strerror}") from e
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise InputError(
-                f"the prompt file {prompt_file} is not valid UTF-8 (byte {e.start}: "
-                f"{data[e.start : e.start + 1]!r})",
-                "save the file as UTF-8",
-            ) from e
+        return _decode_prompt(data, f"the prompt file {prompt_file}")
     if prompt is None:
         if sys.stdin.isatty():
             raise InputError("no prompt given", "pass --prompt TEXT or --prompt-file PATH")
-        return sys.stdin.read()
+        return _decode_prompt(sys.stdin.buffer.read(), "standard input")
     return prompt
 
 
@@ -245,20 +250,36 @@ def info(artifact: Path, debug: bool) -> None:
 
     m = Manifest.read(artifact)
     click.echo(f"artifact  {artifact}  (format {m.format_version}, export {m.pair_id})")
-    click.echo(f"context   {m.max_length} tokens; tokenizer {m.tokenizer_vocab_size} tokens")
+    cache_mb = sum(_cache_bytes(spec, m.max_length) for spec in (m.target, *m.drafts)) / 2**20
+    click.echo(
+        f"context   {m.max_length} tokens (KV caches of one generation at full context: "
+        f"{cache_mb:.0f} MB); tokenizer {m.tokenizer_vocab_size} tokens"
+    )
     for spec in (m.target, *m.drafts):
-        p = spec.parity
-        quality = (
-            f"agrees with the target's argmax on {100 * p['argmax_agreement']:.0f}% of a text"
-            if p.get("kind") == "quantized"
-            else f"parity max|dlogit| {p.get('max_abs_logit_diff', float('nan')):.1e}"
-        )
         click.echo(
             f"{spec.role:<7} {spec.name:<8} {spec.graph:<12} {spec.architecture:<7} "
             f"{spec.num_layers} layers, {spec.num_parameters / 1e6:.1f}M params, "
-            f"{spec.weight_bytes / 1e6:.0f} MB, {spec.variant}; {quality}"
+            f"{spec.weight_bytes / 1e6:.0f} MB, {spec.variant}; {_quality(spec.parity)}"
         )
     click.echo(f"drafters {', '.join(drafter_names(m))}; default {default_drafter(m)}")
+
+
+def _cache_bytes(spec: Any, positions: int) -> int:
+    itemsize = 2 if spec.dtype == "float16" else 4
+    return 2 * spec.num_layers * spec.kv_heads * spec.head_dim * positions * itemsize
+
+
+def _quality(parity: dict[str, Any]) -> str:
+    """The export's recorded check of a graph, as far as the manifest says it."""
+
+    def number(key: str) -> float | None:
+        value = parity.get(key)
+        return float(value) if isinstance(value, int | float) else None
+
+    agreement, diff = number("argmax_agreement"), number("max_abs_logit_diff")
+    if parity.get("kind") == "quantized" and agreement is not None:
+        return f"agrees with the target's argmax on {100 * agreement:.0f}% of a text"
+    return f"parity max|dlogit| {diff:.1e}" if diff is not None else "no parity recorded"
 
 
 def _export_draft_help() -> str:

@@ -7,9 +7,6 @@ source model, and the folder is renamed into place only at the end.
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -33,6 +30,9 @@ from .load import SourceModel, chat_template, check_pair, load_source, special_t
 from .onnx_export import export_graph, model_dims
 from .plan import plan_pair
 from .quantize import CALIBRATION_TEXT, derive_quantized_draft
+from .staging import StagedFolder
+
+MIN_OPSET, MAX_OPSET = 14, 20
 
 
 @dataclass(frozen=True)
@@ -61,21 +61,6 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _replace_atomically(staged: Path, output: Path) -> None:
-    """Move the finished `staged` folder to `output`, replacing an old artifact if present."""
-    if not output.exists():
-        os.replace(staged, output)
-        return
-    backup = output.with_name(f".{output.name}.old-{uuid.uuid4().hex[:8]}")
-    os.replace(output, backup)
-    try:
-        os.replace(staged, output)
-    except OSError:
-        os.replace(backup, output)  # put the previous artifact back
-        raise
-    shutil.rmtree(backup, ignore_errors=True)
-
-
 def resolve_attention(options: ExportOptions, profile: Profile | None) -> str:
     if options.attention not in ("auto", *contract.ATTENTIONS):
         raise ExportError(
@@ -93,6 +78,12 @@ def _validate(output: Path, options: ExportOptions) -> None:
         raise ExportError(f"--max-length must be at least 8, got {options.max_length}")
     if not 1 <= options.check_k <= 16:
         raise ExportError(f"--check-k must be in 1..16, got {options.check_k}")
+    if not MIN_OPSET <= options.opset <= MAX_OPSET:
+        raise ExportError(
+            f"--opset must be in {MIN_OPSET}..{MAX_OPSET} (what the TorchScript exporter "
+            f"writes), got {options.opset}",
+            "leave the default, 17",
+        )
     if output.exists():
         if not output.is_dir():
             raise ExportError(f"{output} exists and is not a folder", "choose another -o path")
@@ -113,7 +104,8 @@ def export_pair(
 
     Everything is written into a hidden temporary folder beside `output` and renamed into place
     only after every graph passed its parity check: a failed or interrupted export leaves no
-    partial artifact, and an existing artifact (with force) stays intact until the last step.
+    partial artifact, an existing artifact (with force) stays intact until the last step, and
+    what a killed export left behind is removed by the next one (staging.py).
     """
     options = options or ExportOptions()
     output = Path(output)
@@ -141,20 +133,14 @@ def export_pair(
                 "need an fp32 profile",
                 "use a model draft or ngram with fp16 profiles",
             )
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
-    try:
-        os.chmod(staged, 0o755)  # mkdtemp makes it private; an artifact is meant to be shared
-        manifest = _export_into(staged, target, entries, options, profile, log)
+    with StagedFolder(output, log) as staged:
+        manifest = _export_into(staged.path, target, entries, options, profile, log)
         if options.engines and profile is not None:
             log("building TensorRT engines")
-            engines = build_engines(staged, manifest, profile, log)
+            engines = build_engines(staged.path, manifest, profile, log)
             manifest = dataclasses.replace(manifest, engines=tuple(engines))
-            manifest.write(staged)
-        _replace_atomically(staged, output)
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
+            manifest.write(staged.path)
+        staged.publish()
     return manifest
 
 

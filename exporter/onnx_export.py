@@ -211,6 +211,7 @@ def export_graph(
     model.doc_string = f"specx {role} graph of {src.source}"
     for key, value in (
         (contract.PAIR_ID_KEY, pair_id),
+        (contract.MAX_LENGTH_KEY, str(max_length)),
         ("specx.role", role),
         ("specx.format_version", str(contract.FORMAT_VERSION)),
     ):

@@ -38,10 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from specx.runtime.errors import ArtifactError
+from specx.runtime.schema import check_manifest
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 PAIR_ID_KEY = "specx.pair_id"  # ONNX metadata key: the export every graph belongs to
+MAX_LENGTH_KEY = "specx.max_length"  # ONNX metadata key: positions the graph was exported for
 TOKENIZER_FILE = "tokenizer.json"
 
 INPUT_IDS = "input_ids"
@@ -93,6 +95,10 @@ def present_value(layer: int) -> str:
     return f"present_value.{layer}"
 
 
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One graph input or output: name, element type, shape (ints or symbolic names)."""
@@ -106,7 +112,8 @@ class TensorSpec:
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> TensorSpec:
-        return TensorSpec(str(data["name"]), str(data["dtype"]), tuple(data["shape"]))
+        shape = tuple(d if isinstance(d, str) else int(d) for d in data["shape"])
+        return TensorSpec(str(data["name"]), str(data["dtype"]), shape)
 
 
 def graph_inputs(
@@ -195,35 +202,8 @@ class ModelSpec:
 
     @staticmethod
     def from_json(data: dict[str, Any], where: str) -> ModelSpec:
-        required = [
-            "role",
-            "graph",
-            "architecture",
-            "num_layers",
-            "num_heads",
-            "kv_heads",
-            "head_dim",
-            "hidden_size",
-            "vocab_size",
-            "max_length",
-            "dtype",
-            "inputs",
-            "outputs",
-        ]
-        missing = [k for k in required if k not in data]
-        if missing:
-            raise ArtifactError(
-                f"{where}: the manifest entry lacks {', '.join(missing)}",
-                "re-export the artifact with `specx export`",
-            )
-        if data["dtype"] not in DTYPES:
-            raise ArtifactError(f"{where}: unknown dtype {data['dtype']!r}", "re-export")
+        """`data` has passed the manifest's schema (Manifest.from_json checks it)."""
         attention = str(data.get("attention", "plain"))
-        if attention not in ATTENTIONS:
-            raise ArtifactError(
-                f"{where}: attention {attention!r} is not one of {ATTENTIONS}",
-                "upgrade specx, or re-export the artifact with this version",
-            )
         layout = tuple(data.get("cache_layout", CACHE_LAYOUTS[attention]))
         if layout != CACHE_LAYOUTS[attention]:
             raise ArtifactError(
@@ -330,8 +310,10 @@ class Manifest:
 
     @staticmethod
     def from_json(data: dict[str, Any], where: str = MANIFEST_FILE) -> Manifest:
+        """Check `data` (format version, the JSON Schema, what the schema cannot say) and read
+        it. Every problem is an ArtifactError naming the field."""
         version = data.get("format_version")
-        if not isinstance(version, int):
+        if not isinstance(version, int) or isinstance(version, bool):
             raise ArtifactError(f"{where}: no integer format_version", "re-export the artifact")
         if version > FORMAT_VERSION:
             raise ArtifactError(
@@ -339,20 +321,41 @@ class Manifest:
                 f"({FORMAT_VERSION})",
                 "upgrade specx, or re-export the artifact with this version",
             )
-        missing = [
-            k
-            for k in ("pair_id", "target", "tokenizer", "special_tokens", "max_length")
-            if k not in data
-        ]
-        if missing:
+        problem = check_manifest(data)
+        if problem:
+            raise ArtifactError(f"{where}: {problem}", "re-export the artifact with `specx export`")
+        manifest = Manifest._read_fields(data, version, where)
+        names = [d.name for d in manifest.drafts]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
             raise ArtifactError(
-                f"{where} lacks the field(s) {', '.join(missing)}", "re-export the artifact"
+                f"{where}: two drafts are named {twice[0]!r}", "re-export the artifact"
             )
+        for key, spec in (
+            ("target", manifest.target),
+            *((f"drafts[{i}]", d) for i, d in enumerate(manifest.drafts)),
+        ):
+            if spec.num_heads % spec.kv_heads:
+                raise ArtifactError(
+                    f"{where}: {key}.kv_heads {spec.kv_heads} does not divide num_heads "
+                    f"{spec.num_heads}",
+                    "re-export the artifact with `specx export`",
+                )
+            if manifest.max_length > spec.max_length:
+                raise ArtifactError(
+                    f"{where}: max_length {manifest.max_length} exceeds the {spec.max_length} "
+                    f"positions of {key} ({spec.graph})",
+                    "re-export the artifact with `specx export`",
+                )
+        return manifest
+
+    @staticmethod
+    def _read_fields(data: dict[str, Any], version: int, where: str) -> Manifest:
         st = data["special_tokens"]
         special = SpecialTokens(
-            bos_token_id=st.get("bos_token_id"),
+            bos_token_id=_int_or_none(st.get("bos_token_id")),
             eos_token_ids=tuple(int(t) for t in st.get("eos_token_ids", ())),
-            pad_token_id=st.get("pad_token_id"),
+            pad_token_id=_int_or_none(st.get("pad_token_id")),
             bos_token=st.get("bos_token"),
             eos_token=st.get("eos_token"),
         )
@@ -394,7 +397,4 @@ class Manifest:
             raise ArtifactError(f"{path} cannot be read as JSON: {e}", "re-export") from e
         if not isinstance(data, dict):
             raise ArtifactError(f"{path} does not hold a JSON object", "re-export")
-        try:
-            return Manifest.from_json(data, str(path))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ArtifactError(f"{path} is malformed: {e!r}", "re-export") from e
+        return Manifest.from_json(data, str(path))

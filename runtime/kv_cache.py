@@ -51,7 +51,16 @@ class KVCache:
             if layout == "gqa"
             else (1, capacity, kv_heads, head_dim)
         )
-        self._buffers = [memory.allocate(self.shape, self.np_dtype) for _ in range(2 * num_layers)]
+        try:
+            self._buffers = [
+                memory.allocate(self.shape, self.np_dtype) for _ in range(2 * num_layers)
+            ]
+        except (MemoryError, RuntimeError) as e:  # RuntimeError: a device allocator's refusal
+            raise InputError(
+                f"cannot allocate a KV cache of {capacity} positions ({self.nbytes / 2**20:.0f} "
+                f"MB) on {memory.device}: {str(e).splitlines()[0][:200]}",
+                "use an artifact exported with a smaller --max-length (or a smaller profile)",
+            ) from e
         self._ptrs = [b.ptr for b in self._buffers]
         self._length = 0
 

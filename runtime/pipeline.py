@@ -18,6 +18,7 @@ import numpy as np
 
 from specx.runtime.adaptive import AdaptiveK
 from specx.runtime.backends import GraphSession, choose_providers, open_graph
+from specx.runtime.backends.providers import check_threads
 from specx.runtime.contract import TOKENIZER_FILE, Manifest, ModelSpec
 from specx.runtime.drafters import registry
 from specx.runtime.drafters.base import Drafter
@@ -83,6 +84,7 @@ class Pipeline:
         providers: Sequence[str] | None,
         threads: int | None,
     ) -> None:
+        check_threads(threads)
         self.folder = folder
         self.manifest = manifest
         self.codec = codec
@@ -108,6 +110,13 @@ class Pipeline:
         codec = TextCodec(
             path / manifest.tokenizer, manifest.special_tokens, manifest.chat_template
         )
+        default = manifest.default_drafter
+        if default is not None and default not in registry.drafter_names(manifest):
+            raise ArtifactError(
+                f"the manifest's default_drafter {default!r} is not a drafter of this artifact "
+                f"({', '.join(registry.drafter_names(manifest))})",
+                "re-export the artifact with `specx export`",
+            )
         if manifest.tokenizer_vocab_size and codec.vocab_size != manifest.tokenizer_vocab_size:
             raise ArtifactError(
                 f"{TOKENIZER_FILE} has {codec.vocab_size} tokens, the manifest says "
@@ -177,6 +186,13 @@ class Pipeline:
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise InputError("the prompt is empty", "pass some text with --prompt")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as e:  # lone surrogates: bytes that were not UTF-8
+                raise InputError(
+                    f"the prompt is not valid UTF-8 text (character {e.start})",
+                    "pass the prompt as UTF-8 text",
+                ) from e
             ids = self.codec.encode_chat(prompt, system) if chat else self.codec.encode(prompt)
         else:
             ids = np.asarray(prompt, dtype=np.int64).reshape(-1)
@@ -226,7 +242,8 @@ class Pipeline:
         elif name == registry.NO_DRAFTER:
             raise InputError(
                 f"K={k} needs a drafter, and --draft none asks for the target alone",
-                f"use -k 0 (target alone), or --draft one of: {', '.join(self.drafter_names)}",
+                "use -k 0 (target alone), or --draft one of: "
+                + ", ".join(n for n in self.drafter_names if n != registry.NO_DRAFTER),
             )
         return FixedK(k), k, name
 

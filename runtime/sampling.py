@@ -33,7 +33,7 @@ RESAMPLE = 3  # the correction or bonus token (rejection verification)
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0  # 0 means greedy (argmax); the exact path
+    temperature: float = 0.0  # 0 means greedy (argmax); any finite value > 0 samples
     top_k: int = 0  # 0 disables
     top_p: float = 1.0  # 1 disables
     min_p: float = 0.0  # 0 disables
@@ -126,7 +126,11 @@ def warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         probs = np.zeros_like(x)
         np.put_along_axis(probs, np.argmax(x, axis=-1)[..., None], 1.0, axis=-1)
         return probs
-    x = x / params.temperature
+    # Shift by the max before dividing: the top logit becomes 0 and the rest negative, so any
+    # finite temperature > 0 is safe; a tiny one sends all but the top logits to -inf (exp -> 0):
+    # the greedy limit, ties kept.
+    with np.errstate(over="ignore"):
+        x = (x - np.max(x, axis=-1, keepdims=True)) / params.temperature
     vocab = x.shape[-1]
     if 0 < params.top_k < vocab:
         # keep every token whose logit reaches the k-th largest (ties at the boundary stay)

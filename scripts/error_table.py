@@ -23,20 +23,24 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 
-def specx(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+def specx(*args: str, stdin_bytes: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
         [sys.executable, "-m", "specx.apps.cli", *args],
-        input=stdin,
+        input=stdin_bytes,
         capture_output=True,
-        text=True,
         timeout=600,
     )
+    out, err = (proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace"))
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def message(proc: subprocess.CompletedProcess[str]) -> str:
     lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
     picked = [
-        ln for ln in lines if ln.startswith(("error:", "fix:", "note:")) or " tokens in " in ln
+        ln
+        for ln in lines
+        if ln.startswith(("error:", "fix:", "note:", "removed", "Error:", "Usage:"))
+        or " tokens in " in ln
     ]
     text = " / ".join(picked) if picked else (lines[-1] if lines else "(nothing)")
     if "Traceback" in proc.stderr:
@@ -94,12 +98,20 @@ def main() -> int:
             elif change == "truncated":
                 data = (folder / "target.onnx").read_bytes()
                 (folder / "target.onnx").write_bytes(data[: len(data) // 3])
-            elif change in ("newer", "missing-field", "io"):
+            elif change in ("newer", "missing-field", "io", "huge", "outside", "type"):
                 manifest = json.loads((folder / "manifest.json").read_text())
                 if change == "newer":
                     manifest["format_version"] = 7
                 elif change == "missing-field":
                     manifest.pop("pair_id")
+                elif change == "huge":
+                    manifest["max_length"] = 10**9
+                    for model in (manifest["target"], *manifest["drafts"]):
+                        model["max_length"] = 10**9
+                elif change == "outside":
+                    manifest["tokenizer"] = "../../etc/passwd"
+                elif change == "type":
+                    manifest["drafts"][0]["num_heads"] = "four"
                 else:
                     manifest["target"]["num_layers"] += 1
                 (folder / "manifest.json").write_text(json.dumps(manifest))
@@ -174,6 +186,16 @@ def main() -> int:
         case("artifact", "manifest field missing", *run, str(broken("missing-field")), "-p", "hi")
         case("artifact", "graph I/O differ from the manifest", *run, str(broken("io")), "-p", "hi")
         case("artifact", "graph from another export", *run, str(broken("mixed")), "-p", "hi")
+        case(
+            "artifact",
+            "manifest max_length 10**9 (graphs made for 64)",
+            *run,
+            str(broken("huge")),
+            "-p",
+            "hi",
+        )
+        case("artifact", "manifest file name outside the folder", "info", str(broken("outside")))
+        case("artifact", "manifest field of the wrong type", "info", str(broken("type")))
         a = str(art)
         case("run", "empty prompt", *run, a, "-p", "  ")
         case("run", "prompt longer than the context", *run, a, "-p", "The cat sat. " * 40)
@@ -190,6 +212,48 @@ def main() -> int:
         bad.write_bytes(b"caf\xe9")
         case("run", "prompt file not UTF-8", *run, a, "--prompt-file", str(bad))
         case("run", "CUDA asked for, not installed", *run, a, "-p", "hi", "--provider", "cuda")
+        binary = specx(*run, a, stdin_bytes=b"\xff\xfe\x00binary")
+        rows.append(("run", "binary bytes on standard input", binary.returncode, message(binary)))
+        case("run", "negative seed", *run, a, "-p", "hi", "--temperature", "1", "--seed", "-1")
+        case(
+            "run",
+            "subnormal temperature (1e-310)",
+            *run,
+            a,
+            "-p",
+            "hi",
+            "-n",
+            "4",
+            "--temperature",
+            "1e-310",
+        )
+        case("run", "-k 4 with --draft none", *run, a, "-p", "hi", "--draft", "none", "-k", "4")
+        case("run", "zero threads", *run, a, "-p", "hi", "--threads", "0")
+        case("run", "unknown verification", *run, a, "-p", "hi", "--verification", "lucky")
+        # an export killed by SIGKILL midway, then the next export to the same place
+        killed = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "specx.apps.cli",
+                "export",
+                "--target",
+                str(target),
+                "--draft",
+                "int8",
+                "--max-length",
+                "64",
+                "-o",
+                str(root / "o9"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        while not list(root.glob(".o9.partial-*/target.onnx")) and killed.poll() is None:
+            time.sleep(0.02)
+        killed.kill()
+        killed.wait()
+        case("export", "after an export killed midway", *exp, str(target), "-o", str(root / "o9"))
         # Ctrl-C during a generation
         long_model = tiny_models.build_model("llama", tok.get_vocab_size(), 1, max_positions=4096)
         long_src = tiny_models.save(long_model, tok, root / "long-src")

@@ -21,7 +21,7 @@ import onnxruntime as ort
 
 from specx.runtime import contract
 from specx.runtime.backends.base import DEFAULT_CHUNK, GraphSession
-from specx.runtime.backends.providers import GPU_PROVIDERS, resolve_providers
+from specx.runtime.backends.providers import GPU_PROVIDERS, check_threads, resolve_providers
 from specx.runtime.contract import ModelSpec
 from specx.runtime.errors import ArtifactError, ProviderError
 from specx.runtime.kv_cache import NP_DTYPES, KVCache
@@ -53,6 +53,7 @@ def use_global_thread_pool(threads: int | None = None) -> bool:
     afterwards must set ``use_per_session_threads = False`` (OrtSession does). Returns False if
     this onnxruntime cannot do it (then sessions keep their own pools).
     """
+    check_threads(threads)
     if _pool["global"]:
         return True
     try:
@@ -151,6 +152,7 @@ class OrtSession(GraphSession):
                 "check the CUDA/TensorRT installation and that a GPU is visible",
             )
         self._check_io()
+        self._check_capacity()
         self.memory: DeviceMemory = OrtDeviceMemory("cuda") if on_gpu else HOST
         self.max_chunk = max_chunk
         self.passes = 0
@@ -173,6 +175,18 @@ class OrtSession(GraphSession):
     def pair_id(self) -> str:
         metadata = self.session.get_modelmeta().custom_metadata_map
         return str(metadata.get(contract.PAIR_ID_KEY, ""))  # "": the graph records no export
+
+    def _check_capacity(self) -> None:
+        """The manifest may not promise more positions than the graph was exported for (its
+        rotary tables and masks end there); graphs from before this record skip the check."""
+        metadata = self.session.get_modelmeta().custom_metadata_map
+        recorded = metadata.get(contract.MAX_LENGTH_KEY)
+        if recorded is not None and recorded.isdigit() and self.spec.max_length > int(recorded):
+            raise ArtifactError(
+                f"the manifest gives {self.path.name} max_length {self.spec.max_length}, but the "
+                f"graph was exported for {recorded} positions",
+                "re-export the artifact with `specx export` (or restore its manifest.json)",
+            )
 
     def _check_io(self) -> None:
         got_in = {i.name: i for i in self.session.get_inputs()}

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import onnxruntime as ort
 
 from specx.runtime.contract import Manifest
-from specx.runtime.errors import ProviderError
+from specx.runtime.errors import InputError, ProviderError
 
 PROVIDER_ALIASES = {
     "cpu": "CPUExecutionProvider",
@@ -24,6 +24,18 @@ PROVIDER_ALIASES = {
     "trt": "TensorrtExecutionProvider",
 }
 GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+
+
+MAX_THREADS = 1024
+
+
+def check_threads(threads: int | None) -> None:
+    """Intra-op threads asked for: None (all cores) or 1..MAX_THREADS."""
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise InputError(
+            f"threads must be in 1..{MAX_THREADS}, got {threads}",
+            "leave --threads unset to use every core",
+        )
 
 
 def both_runtimes_installed() -> bool:

@@ -340,3 +340,14 @@ def test_the_race_picks_each_token_with_its_probability() -> None:
     winners = race(probs, rng.standard_exponential((20_000, 4)))  # [20000]
     expected = {i: float(p) for i, p in enumerate(probs)}
     assert chi_square_p_value(winners.tolist(), expected) > ALPHA
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-310, 1e-300, 1e-8, 1.0, 1e300, 1.7e308])
+def test_every_accepted_temperature_gives_a_proper_distribution(temperature: float) -> None:
+    logits = np.random.default_rng(2).normal(0, 3, size=(3, 50))
+    with np.errstate(divide="raise", invalid="raise"):  # no NaN, no division warnings
+        probs = warp(logits, SamplingParams(temperature=temperature))
+    assert np.all(np.isfinite(probs)) and np.allclose(probs.sum(axis=-1), 1.0)
+    if temperature < 1e-6:  # the greedy limit
+        np.testing.assert_array_equal(np.argmax(probs, -1), np.argmax(logits, -1))
+        assert np.all(probs.max(axis=-1) == 1.0)
