@@ -397,8 +397,17 @@ def build(artifact: Path, profile: str | None, debug: bool) -> None:
     rebuild_engines(artifact, profile, log=lambda m: click.echo(m, err=True))
 
 
-def _csv(text: str, kind: type = str) -> tuple[Any, ...]:
-    return tuple(kind(x) for x in text.split(",") if x.strip())
+def _csv(text: str, kind: type = str, option: str = "") -> tuple[Any, ...]:
+    """A comma-separated option's values, each of `kind`."""
+    from specx.runtime.errors import InputError
+
+    try:
+        return tuple(kind(x) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise InputError(
+            f"{option} takes comma-separated {kind.__name__} values, got {text!r}",
+            "e.g. --k 1,2,4 or --temperatures 0.7,1.0",
+        ) from e
 
 
 @main.command()
@@ -474,12 +483,12 @@ def bench(
         artifact=artifact,
         workloads=_csv(workloads),
         drafters=_csv(drafters) if drafters else None,
-        ks=(1, 2, 3, 4) if quick else _csv(ks, int),
+        ks=(1, 2, 3, 4) if quick else _csv(ks, int, "--k"),
         auto=not no_auto,
         max_new_tokens=max_new_tokens,
         prompts_per_workload=1 if quick else prompts_per_workload,
         repeats=2 if quick else repeats,
-        temperatures=() if quick else _csv(temperatures, float),
+        temperatures=() if quick else _csv(temperatures, float, "--temperatures"),
         peers=() if quick else _csv(peers),
         hf_source=hf_source,
         genai_python=genai_python,

@@ -36,11 +36,67 @@ def _supported_list() -> str:
     return ", ".join(sorted(SUPPORTED_ARCHITECTURES))
 
 
+def _config_errors() -> tuple[type[BaseException], ...]:
+    """What reading a bad config.json raises: OS and value errors, and huggingface_hub's strict
+    dataclass validation (transformers 5 checks field types with it)."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return (OSError, ValueError, TypeError)
+    return (OSError, ValueError, TypeError, StrictDataclassError)
+
+
+CONFIG_ERRORS = _config_errors()
+
+# The config fields an export reads, per family: each must be a positive integer.
+CONFIG_DIMS = {
+    "gpt2": ("n_embd", "n_layer", "n_head", "vocab_size", "n_positions"),
+    "llama-like": (
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "vocab_size",
+        "intermediate_size",
+        "max_position_embeddings",
+    ),
+}
+
+
+def check_config_values(config: Any, where: str) -> None:
+    """The dimensions a config gives are positive integers that fit together."""
+    family = "gpt2" if config.model_type == "gpt2" else "llama-like"
+    values = {name: getattr(config, name, None) for name in CONFIG_DIMS[family]}
+    kv = getattr(config, "num_key_value_heads", None)
+    head_dim = getattr(config, "head_dim", None)
+    if family != "gpt2":
+        optional = {"num_key_value_heads": kv, "head_dim": head_dim}
+        values.update({k: v for k, v in optional.items() if v is not None})
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ExportError(
+                f"{where}: config.json gives {name} = {value!r}; a positive integer is needed",
+                "fix the model's config.json (or pass another model)",
+            )
+    heads = int(values.get("n_head") or values.get("num_attention_heads") or 1)
+    width = int(values.get("n_embd") or values.get("hidden_size") or 1)
+    if kv is not None and family != "gpt2" and heads % kv:
+        raise ExportError(
+            f"{where}: num_key_value_heads {kv} does not divide num_attention_heads {heads}",
+            "fix the model's config.json",
+        )
+    if head_dim is None and width % heads:
+        raise ExportError(
+            f"{where}: hidden size {width} is not a multiple of the {heads} attention heads",
+            "fix the model's config.json",
+        )
+
+
 def check_architecture(config: Any, where: str) -> None:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     model_type = getattr(config, "model_type", None)
     if model_type in SUPPORTED_ARCHITECTURES:
+        check_config_values(config, where)
         rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
         rope_type = (rope or {}).get("rope_type", (rope or {}).get("type", "default"))
         if rope_type in ("dynamic",):
@@ -98,16 +154,17 @@ def load_source(source: str, log: Log) -> SourceModel:
         )
     try:
         config = AutoConfig.from_pretrained(folder, **kwargs)
-    except (OSError, ValueError) as e:
+    except CONFIG_ERRORS as e:
         raise ExportError(
             f"cannot read the model config of {source}: {str(e).splitlines()[0][:300]}",
-            "check the path; a hub id needs network access",
+            "check the path and its config.json (a hub id needs network access)",
         ) from e
     check_architecture(config, source)
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-    except (OSError, ValueError, ImportError) as e:
+    except (OSError, ValueError, ImportError, RuntimeError, TypeError) as e:
+        # RuntimeError, TypeError: the weights do not fit the config (torch's own messages)
         raise ExportError(
             f"cannot load {source}: {str(e).splitlines()[0][:300]}",
             "check that the folder holds weights and a tokenizer (for .gguf: pip install gguf "

@@ -12,7 +12,7 @@ from specx.runtime.drafters import registry
 from specx.runtime.errors import ExportError
 
 from .drafts import DraftEntry
-from .load import Log, check_architecture
+from .load import CONFIG_ERRORS, Log, check_architecture
 
 
 def read_config(source: str) -> Any:
@@ -24,10 +24,10 @@ def read_config(source: str) -> Any:
         if path.suffix.lower() == ".gguf":
             return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
         return AutoConfig.from_pretrained(str(path) if path.exists() else source)
-    except (OSError, ValueError) as e:
+    except CONFIG_ERRORS as e:
         raise ExportError(
             f"cannot read the model config of {source}: {str(e).splitlines()[0][:300]}",
-            "check the path; a hub id needs network access",
+            "check the path and its config.json (a hub id needs network access)",
         ) from e
 
 

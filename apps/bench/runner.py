@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import platform
 import statistics
@@ -29,9 +30,11 @@ import numpy as np
 
 from specx.runtime import GenerationSettings, Pipeline, SamplingParams
 from specx.runtime.backends import GraphSession
+from specx.runtime.backends.providers import check_threads
 from specx.runtime.drafters.registry import benchmark_drafters
 from specx.runtime.errors import InputError
 from specx.runtime.sampling import VERIFICATIONS
+from specx.runtime.settings import MAX_K
 
 Progress = Callable[[str], None]
 
@@ -56,6 +59,23 @@ class BenchConfig:
     genai_python: str | None = None  # a python with onnxruntime-genai (separate venv)
     genai_models: str | None = None  # folder with target-fp32/ and draft-int4/ built by GenAI
     threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.ks or not all(1 <= k <= MAX_K for k in self.ks):
+            raise InputError(f"--k takes values in 1..{MAX_K}, got {list(self.ks)}")
+        for name, value in (
+            ("--prompts", self.prompts_per_workload),
+            ("--repeats", self.repeats),
+            ("-n", self.max_new_tokens),
+        ):
+            if value < 1:
+                raise InputError(f"{name} must be >= 1, got {value}")
+        if not all(math.isfinite(t) and t > 0 for t in self.temperatures):
+            raise InputError(
+                f"--temperatures must be finite and > 0, got {list(self.temperatures)}",
+                "greedy decoding is always measured; '' skips sampling",
+            )
+        check_threads(self.threads)
 
 
 def load_workloads(path: Path | None = None) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,21 @@ def test_the_report_compares_k_auto_with_each_drafters_best_fixed_k() -> None:
     assert ratios["int8"] == (pytest.approx(0.95), "2")
     assert ratios["ngram+int8"] == (pytest.approx(1.1), "2")
     assert set(ratios) == {"int8", "ngram+int8"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--k", "1,x"], "--k takes comma-separated int values"),
+        (["--k", "0,2"], r"--k takes values in 1\.\.16"),
+        (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--temperatures", "0,nan"], "--temperatures must be finite and > 0"),
+        (["--threads", "0"], r"threads must be in 1\.\.1024"),
+    ],
+)
+def test_bad_bench_options_are_clean_errors(
+    llama_pair: TinyPair, args: list[str], message: str
+) -> None:
+    result = CliRunner().invoke(main, ["bench", str(llama_pair.artifact), *args])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert re.search(message, result.stderr), result.stderr

@@ -255,3 +255,27 @@ def test_graphs_serve_any_batch_size(gpt2_pair: TinyPair) -> None:
             feed[name] = np.zeros((batch, past, spec.kv_heads, spec.head_dim), np.float32)
     logits = session.run([contract.LOGITS], feed)[0]
     assert logits.shape == (batch, seq, spec.vocab_size)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("num_hidden_layers", 0, "num_hidden_layers = 0; a positive integer is needed"),
+        ("hidden_size", "wide", "Validation error for field 'hidden_size'"),
+        ("num_key_value_heads", 3, "num_key_value_heads 3 does not divide num_attention_heads"),
+    ],
+)
+def test_a_config_with_impossible_dimensions_is_refused_naming_the_field(
+    tmp_path: Path, tokenizer: Any, field: str, value: Any, message: str
+) -> None:
+    import json
+
+    from specx.exporter import ExportOptions, export_pair
+
+    target = Path(_save_tiny(tokenizer, tmp_path / "t"))
+    config = json.loads((target / "config.json").read_text())
+    config[field] = value
+    (target / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError, match=message):
+        export_pair(str(target), [], tmp_path / "out", ExportOptions(max_length=64), log=quiet)
+    assert not (tmp_path / "out").exists()
