@@ -241,19 +241,26 @@ def run(
 
 @main.command()
 @click.argument("artifact", type=click.Path(path_type=Path))
+@click.option(
+    "--json", "as_json", is_flag=True, help="One JSON object for deployment tools (stable shape)."
+)
 @debug_option
 @user_errors
-def info(artifact: Path, debug: bool) -> None:
-    """Describe an exported ARTIFACT: models, drafters, parity, limits."""
+def info(artifact: Path, as_json: bool, debug: bool) -> None:
+    """Describe an exported ARTIFACT: models, drafters, parity, limits, ONNX Runtime needs."""
     from specx.runtime.contract import Manifest
-    from specx.runtime.drafters import default_drafter, drafter_names
+    from specx.runtime.facts import artifact_facts
 
     m = Manifest.read(artifact)
+    facts = artifact_facts(m)
+    if as_json:
+        click.echo(json.dumps(facts, indent=2))
+        return
     click.echo(f"artifact  {artifact}  (format {m.format_version}, export {m.pair_id})")
-    cache_mb = sum(_cache_bytes(spec, m.max_length) for spec in (m.target, *m.drafts)) / 2**20
     click.echo(
         f"context   {m.max_length} tokens (KV caches of one generation at full context: "
-        f"{cache_mb:.0f} MB); tokenizer {m.tokenizer_vocab_size} tokens"
+        f"{facts['kv_cache_bytes']['full_context'] / 2**20:.0f} MB); tokenizer "
+        f"{m.tokenizer_vocab_size} tokens"
     )
     for spec in (m.target, *m.drafts):
         click.echo(
@@ -261,12 +268,12 @@ def info(artifact: Path, debug: bool) -> None:
             f"{spec.num_layers} layers, {spec.num_parameters / 1e6:.1f}M params, "
             f"{spec.weight_bytes / 1e6:.0f} MB, {spec.variant}; {_quality(spec.parity)}"
         )
-    click.echo(f"drafters {', '.join(drafter_names(m))}; default {default_drafter(m)}")
-
-
-def _cache_bytes(spec: Any, positions: int) -> int:
-    itemsize = 2 if spec.dtype == "float16" else 4
-    return 2 * spec.num_layers * spec.kv_heads * spec.head_dim * positions * itemsize
+    click.echo(f"drafters {', '.join(facts['drafters'])}; default {facts['default_drafter']}")
+    ort_needs = facts["onnxruntime"]
+    click.echo(
+        f"needs    onnxruntime >= {ort_needs['min_version']}; contrib operators: "
+        f"{', '.join(ort_needs['contrib_operators']) or 'none'}"
+    )
 
 
 def _quality(parity: dict[str, Any]) -> str:

@@ -114,6 +114,11 @@ def stamp_io_shapes(
                 dim.dim_param = d
 
 
+def graph_operators(model: Any) -> tuple[str, ...]:
+    """Every node kind of a graph as "domain:OpType" (the default domain is "ai.onnx")."""
+    return tuple(sorted({f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in model.graph.node}))
+
+
 def weight_stats(model: Any) -> tuple[int, int]:
     """(number of parameters, bytes) over the graph's initializers."""
     from onnx import numpy_helper
@@ -247,6 +252,7 @@ def export_graph(
         weight_bytes=nbytes,
         inputs=inputs,
         outputs=outputs,
-        variant="fp16" if precision == "fp16" else "plain",
+        variant="fp16" if precision == "fp16" else "fp32",
+        operators=graph_operators(model),
         attention=attention,
     )

@@ -34,7 +34,7 @@ from specx.runtime.drafters import registry
 from specx.runtime.errors import ExportError
 
 from .load import Log
-from .onnx_export import weight_stats
+from .onnx_export import graph_operators, weight_stats
 
 QUANTIZED_DRAFTS = tuple(
     k.name for k in registry.KINDS.values() if k.export == registry.EXPORT_QUANTIZED
@@ -173,6 +173,7 @@ def derive_quantized_draft(
         name=name,
         graph=graph_name,
         variant=kind,
+        operators=graph_operators(model),
         num_parameters=params,
         weight_bytes=nbytes,
         parity={},

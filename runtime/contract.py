@@ -182,8 +182,9 @@ class ModelSpec:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     parity: dict[str, Any] = field(default_factory=dict)
-    variant: str = "plain"  # how the graph was made: "plain", "fp16", "int8", "int4"
+    variant: str = "fp32"  # its weights: "fp32", "fp16", "int8", "int4" ("plain": old fp32)
     attention: str = "plain"  # "plain" (standard ONNX, TensorRT) or "gqa" (ONNX Runtime)
+    operators: tuple[str, ...] = ()  # "domain:OpType" of every node kind; () if not recorded
 
     @property
     def cache_layout(self) -> tuple[str, ...]:
@@ -229,8 +230,9 @@ class ModelSpec:
             inputs=tuple(TensorSpec.from_json(t) for t in data["inputs"]),
             outputs=tuple(TensorSpec.from_json(t) for t in data["outputs"]),
             parity=dict(data.get("parity", {})),
-            variant=str(data.get("variant", "plain")),
+            variant=str(data.get("variant", "fp32")),
             attention=attention,
+            operators=tuple(str(op) for op in data.get("operators", ())),
         )
 
     def expected_inputs(self) -> tuple[TensorSpec, ...]:

@@ -26,6 +26,7 @@ from specx.runtime.contract import ModelSpec
 from specx.runtime.errors import ArtifactError, ProviderError
 from specx.runtime.kv_cache import NP_DTYPES, KVCache
 from specx.runtime.memory import HOST, DeviceMemory
+from specx.runtime.requirements import min_onnxruntime, release
 
 ORT_TYPES = {
     "tensor(int64)": "int64",
@@ -128,6 +129,13 @@ class OrtSession(GraphSession):
         if not graph_path.is_file():
             raise ArtifactError(
                 f"graph file {graph_path} is missing", "re-export the artifact with `specx export`"
+            )
+        needed, why = min_onnxruntime(spec)
+        if release(ort.__version__) < needed:
+            raise ProviderError(
+                f"{graph_path.name} needs onnxruntime >= {needed[0]}.{needed[1]} ({why}); this is "
+                f"{ort.__version__}",
+                f"pip install 'onnxruntime>={needed[0]}.{needed[1]}'",
             )
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

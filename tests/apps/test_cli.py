@@ -148,3 +148,24 @@ def test_a_closed_pipe_ends_quietly() -> None:
         timeout=120,
     )
     assert proc.stdout.startswith("name") and "error" not in proc.stderr
+
+
+def test_info_json_gives_the_facts_a_deployment_tool_needs(llama_pair: TinyPair) -> None:
+    result = CliRunner().invoke(main, ["info", str(llama_pair.artifact), "--json"])
+    assert result.exit_code == 0, result.output
+    facts = json.loads(result.stdout)
+    assert facts["facts_version"] == 1 and facts["format_version"] == 1
+    assert facts["context"] == 128 and facts["default_drafter"] == "mixed"
+    assert facts["drafters"][-1] == "none" and "ngram+mixed" in facts["drafters"]
+    models = {m["name"]: m for m in facts["models"]}
+    assert set(models) == {"target", "mixed", "other", "self"}
+    target = models["target"]
+    assert target["attention"] == "gqa" and target["variant"] == "fp32"
+    assert "com.microsoft:GroupQueryAttention" in target["operators"]
+    assert target["min_onnxruntime"] == "1.20" and target["operators_recorded"]
+    assert models["self"]["kind"] == "self" and models["mixed"]["kind"] == "model"
+    assert facts["onnxruntime"]["contrib_operators"] == ["com.microsoft:GroupQueryAttention"]
+    per_token = facts["kv_cache_bytes"]["per_token"]
+    assert per_token > 0 and facts["kv_cache_bytes"]["full_context"] == 128 * per_token
+    text = CliRunner().invoke(main, ["info", str(llama_pair.artifact)])
+    assert "needs    onnxruntime >= 1.20" in text.stdout

@@ -50,8 +50,8 @@ def test_smollm2_exports_with_tight_parity_and_a_useful_int8_draft(smollm2: Path
 
 def test_smollm2_speculative_greedy_equals_transformers_generate(smollm2: Path) -> None:
     import torch
-    from test_greedy_equality import assert_same_or_near_tie, hf_greedy
 
+    from reference import assert_same_or_near_tie, hf_greedy
     from specx.exporter.load import load_source
 
     pipe = Pipeline.load(smollm2)
@@ -70,3 +70,21 @@ def test_smollm2_speculative_greedy_equals_transformers_generate(smollm2: Path) 
     want = hf_greedy(source, np.asarray(prompt), len(alone.token_ids), eos)
     assert_same_or_near_tie(source, np.asarray(prompt), alone.token_ids, want)
     assert "cache" in alone.text.lower()
+
+
+def test_the_reference_consumer_reproduces_specx_on_smollm2(smollm2: Path) -> None:
+    """The format document's executable companion, on the real model (reference/consumer.py)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "reference" / "consumer.py"
+    spec = importlib.util.spec_from_file_location("reference_consumer", path)
+    assert spec is not None and spec.loader is not None
+    consumer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(consumer)
+    pipe = Pipeline.load(smollm2)
+    prompt = pipe.encode_prompt("Write a haiku about caches.", chat=True).tolist()
+    for drafter, k in (("none", 0), ("int8", 3), ("ngram+int8", 3)):
+        want = pipe.generate(prompt, max_new_tokens=40, k=k, drafter=drafter)
+        got = consumer.generate(smollm2, prompt, 40, drafter, k, None)
+        assert got["token_ids"] == want.token_ids, drafter
+        assert (got["proposed"], got["accepted"]) == (want.stats.proposed, want.stats.accepted)

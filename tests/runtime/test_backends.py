@@ -3,6 +3,8 @@ memory, and the TensorRT backend refuses engines built for another GPU or Tensor
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -106,3 +108,37 @@ def test_an_engine_built_for_another_gpu_or_tensorrt_is_refused_with_rebuild_adv
         backend.check_engine_entry(entry)
     entry.update(tensorrt="10.9")
     backend.check_engine_entry(entry)  # a matching engine passes
+
+
+@pytest.mark.parametrize(("version", "refused"), [("1.19.2", True), ("1.20.0", False)])
+def test_a_graph_is_refused_by_an_onnxruntime_too_old_to_run_it_right(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, version: str, refused: bool
+) -> None:
+    """gqa graphs give wrong verify logits before onnxruntime 1.20 (docs/artifact-format.md)."""
+    import onnxruntime
+
+    from conftest import HAS_EXPORTER
+    from specx.runtime.contract import Manifest
+    from specx.runtime.errors import ProviderError
+
+    if not HAS_EXPORTER:
+        pytest.skip("needs specx[export]")
+    pair = request.getfixturevalue("llama_pair")
+    spec = Manifest.read(pair.artifact).target
+    assert spec.attention == "gqa" and "com.microsoft:GroupQueryAttention" in spec.operators
+    monkeypatch.setattr(onnxruntime, "__version__", version)
+    if refused:
+        with pytest.raises(ProviderError, match=r"needs onnxruntime >= 1\.20 \(multi-token"):
+            OrtSession(pair.artifact / spec.graph, spec)
+    else:
+        OrtSession(pair.artifact / spec.graph, spec)
+
+
+def test_the_int4_draft_needs_onnxruntime_1_22() -> None:
+    from specx.runtime.requirements import min_onnxruntime, release
+
+    spec = Echo().spec
+    int4 = dataclasses.replace(spec, variant="int4", attention="gqa")  # operators not recorded
+    assert min_onnxruntime(int4)[0] == (1, 22)
+    assert min_onnxruntime(spec)[0] == (1, 16)
+    assert release("1.20.1") == (1, 20) and release("1.32.0.dev20261101") == (1, 32)

@@ -1,0 +1,253 @@
+"""A reference consumer of specx artifacts, written from docs/artifact-format.md alone.
+
+It imports nothing from specx: numpy, onnxruntime and tokenizers only, as a service in another
+language would use their equivalents. It runs the target alone, a model draft, n-gram lookup and
+the hybrid, on gqa and plain graphs, greedy or with drafter-invariant sampling, and reproduces
+specx's token ids (tests/runtime/test_reference_consumer.py checks that on every graph variant).
+When the format changes, this file and the document change in the same commit.
+
+    python reference/consumer.py ARTIFACT --prompt TEXT [-n 64] [--draft NAME] [-k 4]
+                                 [--temperature T --top-k K --top-p P --min-p M --seed S]
+
+prints one JSON object: token_ids, text, and the speculative counts (steps, proposed, accepted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+from tokenizers import Tokenizer
+
+FORMAT_VERSION = 1  # the newest manifest this reader understands
+PREFILL_CHUNK = 128  # prompt tokens per pass
+NGRAM_MAX, NGRAM_MIN, LOOKAHEAD = 3, 1, 64  # the n-gram drafter's parameters
+HYBRID_MIN_MATCH = 2  # a hybrid uses its lookup when the match continues for at least this many
+NP = {"float32": np.float32, "float16": np.float16}
+
+
+class Model:
+    """One graph, its preallocated cache and the cache length n (the only truth)."""
+
+    def __init__(self, folder: Path, spec: dict[str, Any], capacity: int) -> None:
+        self.spec = spec
+        self.session = ort.InferenceSession(
+            str(folder / spec["graph"]), providers=["CPUExecutionProvider"]
+        )
+        self.inputs = {i.name for i in self.session.get_inputs()}
+        self.gqa = spec.get("attention", "plain") == "gqa"
+        layers, heads, dim = spec["num_layers"], spec["kv_heads"], spec["head_dim"]
+        shape = (1, heads, capacity, dim) if self.gqa else (1, capacity, heads, dim)
+        self.dtype = NP[spec["dtype"]]
+        self.keys = [np.zeros(shape, self.dtype) for _ in range(layers)]  # zeroed, never moved
+        self.values = [np.zeros(shape, self.dtype) for _ in range(layers)]
+        self.capacity = capacity
+        self.vocab = spec["vocab_size"]
+        self.n = 0
+
+    def forward(self, tokens: list[int]) -> np.ndarray:
+        """Score `tokens` at positions n .. n + s - 1; returns logits [s, vocab]; n += s."""
+        s, n = len(tokens), self.n
+        assert s >= 1 and n + s <= self.capacity
+        io = self.session.io_binding()
+        io.bind_cpu_input("input_ids", np.array([tokens], dtype=np.int64))
+        if "position_ids" in self.inputs:
+            io.bind_cpu_input("position_ids", np.arange(n, n + s, dtype=np.int64)[None])
+        if self.gqa:
+            io.bind_cpu_input("seqlens_k", np.array([n + s - 1], dtype=np.int32))
+            io.bind_cpu_input("total_sequence_length", np.array(n + s, dtype=np.int32))
+        item = np.dtype(self.dtype).itemsize
+        heads, dim = self.spec["kv_heads"], self.spec["head_dim"]
+        for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
+            for kind, buf in (("key", k), ("value", v)):
+                base = buf.ctypes.data
+                if self.gqa:  # past and present: the whole buffer, both ways
+                    io.bind_input(f"past_{kind}.{i}", "cpu", 0, self.dtype, buf.shape, base)
+                    io.bind_output(f"present_{kind}.{i}", "cpu", 0, self.dtype, buf.shape, base)
+                else:  # past: the first n positions; new: the s slots right after them
+                    past = [1, n, heads, dim]
+                    io.bind_input(f"past_{kind}.{i}", "cpu", 0, self.dtype, past, base)
+                    at = base + n * heads * dim * item
+                    io.bind_output(f"new_{kind}.{i}", "cpu", 0, self.dtype, [1, s, heads, dim], at)
+        logits = np.empty((1, s, self.vocab), np.float32)  # bound by name: order does not matter
+        io.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        self.session.run_with_iobinding(io)
+        self.n = n + s
+        return logits[0]
+
+    def feed(self, tokens: list[int]) -> np.ndarray:
+        """Any number of tokens, PREFILL_CHUNK at a time; the last logits row."""
+        for start in range(0, len(tokens), PREFILL_CHUNK):
+            last = self.forward(tokens[start : start + PREFILL_CHUNK])[-1]
+        return last
+
+
+def warp(logits: np.ndarray, s: dict[str, Any]) -> np.ndarray:
+    """Temperature, top-k, top-p, min-p, in that order, in float64 (rows: [..., vocab])."""
+    x = np.asarray(logits, np.float64)
+    with np.errstate(over="ignore"):
+        x = (x - x.max(-1, keepdims=True)) / s["temperature"]
+    vocab = x.shape[-1]
+    if 0 < s["top_k"] < vocab:
+        kth = np.partition(x, vocab - s["top_k"], axis=-1)[..., vocab - s["top_k"], None]
+        x = np.where(x < kth, -np.inf, x)
+    p = np.exp(x - x.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    if s["top_p"] < 1.0:
+        order = np.argsort(-p, axis=-1, kind="stable")
+        sorted_p = np.take_along_axis(p, order, -1)
+        keep_sorted = (np.cumsum(sorted_p, -1) - sorted_p) < s["top_p"]
+        keep_sorted[..., 0] = True
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, -1)
+        p = np.where(keep, p, 0.0)
+        p /= p.sum(-1, keepdims=True)
+    if s["min_p"] > 0.0:
+        p = np.where(p >= s["min_p"] * p.max(-1, keepdims=True), p, 0.0)
+        p /= p.sum(-1, keepdims=True)
+    return p
+
+
+class Choice:
+    """How a token is chosen at a position: the argmax (greedy), or the exponential race under
+    the position's keyed draws: argmax p(x) / E_x, E ~ Exp(1) from numpy's
+    default_rng([seed, 0, position]) (drafter-invariant sampling)."""
+
+    def __init__(self, sampling: dict[str, Any] | None, vocab: int) -> None:
+        self.sampling, self.vocab, self._draws = sampling, vocab, {}
+
+    def draws(self, position: int) -> np.ndarray:
+        if position not in self._draws:
+            rng = np.random.default_rng([self.sampling["seed"], 0, position])  # type: ignore[index]
+            self._draws[position] = rng.standard_exponential(self.vocab)
+        return self._draws[position]
+
+    def __call__(self, logits_row: np.ndarray, position: int) -> int:
+        if self.sampling is None:
+            return int(np.argmax(logits_row))
+        p = warp(logits_row, self.sampling)
+        return int(np.argmax(p / self.draws(position)[: p.shape[-1]]))
+
+
+def ngram_continuation(context: list[int], eos: set[int]) -> list[int]:
+    """What followed the latest earlier occurrence of the longest suffix (NGRAM_MAX..NGRAM_MIN
+    tokens) that occurred before; at most LOOKAHEAD tokens, cut after an EOS."""
+    c = np.asarray(context)
+    for n in range(min(NGRAM_MAX, len(c) - 1), NGRAM_MIN - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(c[:-1], n)
+        hits = np.flatnonzero(np.all(windows == c[-n:], axis=1))
+        if hits.size:
+            found = c[int(hits[-1]) + n :][:LOOKAHEAD].tolist()
+            stops = [i for i, t in enumerate(found) if t in eos]
+            return found[: stops[0] + 1] if stops else found
+    return []
+
+
+def generate(
+    folder: Path,
+    prompt: list[int],
+    max_new: int,
+    drafter: str,
+    k_max: int,
+    sampling: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    if manifest["format_version"] > FORMAT_VERSION:
+        raise SystemExit(f"format_version {manifest['format_version']} is newer than this reader")
+    capacity = manifest["max_length"]
+    eos = set(manifest["special_tokens"]["eos_token_ids"])
+    target = Model(folder, manifest["target"], capacity)
+    lookup = drafter == "ngram" or drafter.startswith("ngram+")
+    draft_name = drafter.removeprefix("ngram+") if drafter not in ("ngram", "none") else None
+    draft = None
+    if draft_name is not None:
+        spec = next(d for d in manifest["drafts"] if d.get("name", d["role"]) == draft_name)
+        draft = Model(folder, spec, capacity)
+    choose = Choice(sampling, target.vocab)
+    shared = min(draft.vocab, target.vocab) if draft else target.vocab
+
+    context = list(prompt)
+    if len(context) > 1:  # caches hold every committed token but the last
+        target.feed(context[:-1])
+        if draft is not None:
+            draft.feed([t if t < draft.vocab else 0 for t in context[:-1]])
+    out: list[int] = []
+    steps = proposed = accepted = 0
+    while max_new - len(out) > 0 and capacity - target.n - 1 >= 0:
+        k = min(k_max, capacity - target.n - 1, max_new - len(out) - 1)
+        proposal: list[int] = []
+        continuation = ngram_continuation(context, eos) if lookup and k > 0 else []
+        use_lookup = lookup and (len(continuation) >= HYBRID_MIN_MATCH or draft is None)
+        fed = 0  # drafted tokens fed to the draft model in this step
+        if k > 0 and use_lookup:
+            proposal = continuation[:k]
+        elif k > 0 and draft is not None:
+            pending = context[draft.n :]  # catch up on what was committed since
+            row = draft.feed([t if t < draft.vocab else 0 for t in pending])
+            for i in range(k):
+                token = choose(row[:shared], len(context) + i)
+                proposal.append(token)
+                if i == k - 1 or token in eos:
+                    break
+                row = draft.forward([token if token < draft.vocab else 0])[0]
+                fed += 1
+        committed = target.n
+        rows = target.forward([context[-1], *proposal])  # [len(proposal) + 1, vocab]
+        n_ok = 0
+        while n_ok < len(proposal) and proposal[n_ok] == choose(rows[n_ok], len(context) + n_ok):
+            n_ok += 1
+        tokens = [*proposal[:n_ok], choose(rows[n_ok], len(context) + n_ok)]
+        target.n = committed + 1 + n_ok  # roll back the rejected tail
+        if draft is not None and k > 0 and not use_lookup:
+            draft.n = min(len(context) + min(n_ok, fed), draft.n)
+        steps, proposed, accepted = steps + 1, proposed + len(proposal), accepted + n_ok
+        tokens = tokens[: max_new - len(out)]
+        stop = next((i for i, t in enumerate(tokens) if t in eos), None)
+        if stop is not None:
+            tokens = tokens[: stop + 1]
+        out += tokens
+        context += tokens
+        if stop is not None:
+            break
+    return {"token_ids": out, "steps": steps, "proposed": proposed, "accepted": accepted}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("artifact", type=Path)
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("-n", "--max-new-tokens", type=int, default=64)
+    parser.add_argument("--draft", default=None, help="default: the manifest's default_drafter")
+    parser.add_argument("-k", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    manifest = json.loads((args.artifact / "manifest.json").read_text())
+    tokenizer = Tokenizer.from_file(str(args.artifact / manifest["tokenizer"]))
+    prompt = tokenizer.encode(args.prompt).ids  # plain encode: the tokenizer's own post-processor
+    drafter = (
+        args.draft
+        or manifest.get("default_drafter")
+        or (manifest["drafts"][0]["name"] if manifest["drafts"] else "none")
+    )
+    sampling = None
+    if args.temperature > 0:
+        sampling = {k: getattr(args, k) for k in ("temperature", "top_k", "top_p", "min_p", "seed")}
+    result = generate(
+        args.artifact, prompt, args.max_new_tokens, drafter if args.k else "none", args.k, sampling
+    )
+    result["text"] = tokenizer.decode(result["token_ids"])
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

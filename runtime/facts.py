@@ -1,0 +1,78 @@
+"""What a deployment tool needs to know about an artifact, as one stable JSON object
+(`specx info --json`): its graphs and how they were made, the operators they use and the oldest
+ONNX Runtime that runs them, the context and the memory of its caches, its drafters. Read from
+the manifest alone; a change of shape is a change of FACTS_VERSION.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specx.runtime.contract import Manifest, ModelSpec
+from specx.runtime.drafters import registry
+from specx.runtime.requirements import min_onnxruntime, operators_of
+
+FACTS_VERSION = 1
+BYTES = {"float32": 4, "float16": 2}
+
+
+def cache_bytes_per_token(spec: ModelSpec) -> int:
+    """Keys and values of one position, every layer."""
+    return 2 * spec.num_layers * spec.kv_heads * spec.head_dim * BYTES[spec.dtype]
+
+
+def _model(manifest: Manifest, spec: ModelSpec) -> dict[str, Any]:
+    (major, minor), why = min_onnxruntime(spec)
+    return {
+        "role": spec.role,
+        "name": spec.name,
+        "graph": spec.graph,
+        "kind": "target" if spec.role == "target" else registry.kind_of_spec(manifest, spec).name,
+        "architecture": spec.architecture,
+        "variant": "fp32" if spec.variant == "plain" else spec.variant,
+        "dtype": spec.dtype,
+        "attention": spec.attention,
+        "num_layers": spec.num_layers,
+        "vocab_size": spec.vocab_size,
+        "max_length": spec.max_length,
+        "num_parameters": spec.num_parameters,
+        "weight_bytes": spec.weight_bytes,
+        "cache_bytes_per_token": cache_bytes_per_token(spec),
+        "operators": list(operators_of(spec)),
+        "operators_recorded": bool(spec.operators),
+        "min_onnxruntime": f"{major}.{minor}",
+        "min_onnxruntime_reason": why,
+    }
+
+
+def artifact_facts(manifest: Manifest) -> dict[str, Any]:
+    models = [manifest.target, *manifest.drafts]
+    per_token = sum(cache_bytes_per_token(s) for s in models)
+    needs = max(min_onnxruntime(s)[0] for s in models)
+    operators = sorted({op for s in models for op in operators_of(s)})
+    return {
+        "facts_version": FACTS_VERSION,
+        "format_version": manifest.format_version,
+        "pair_id": manifest.pair_id,
+        "context": manifest.max_length,
+        "tokenizer": {"file": manifest.tokenizer, "vocab_size": manifest.tokenizer_vocab_size},
+        "eos_token_ids": list(manifest.special_tokens.eos_token_ids),
+        "chat_template": manifest.chat_template is not None,
+        "models": [_model(manifest, s) for s in models],
+        "drafters": registry.drafter_names(manifest),
+        "default_drafter": registry.default_drafter(manifest),
+        "onnxruntime": {
+            "min_version": f"{needs[0]}.{needs[1]}",
+            "operators": operators,
+            "contrib_operators": [op for op in operators if op.startswith("com.microsoft:")],
+        },
+        "kv_cache_bytes": {
+            "per_token": per_token,
+            "full_context": per_token * manifest.max_length,
+        },
+        "profile": (manifest.profile or {}).get("name"),
+        "engines": [
+            {k: e.get(k) for k in ("model", "graph", "file", "tensorrt", "compute_capability")}
+            for e in manifest.engines
+        ],
+    }
