@@ -119,11 +119,13 @@ class Choice:
     default_rng([seed, 0, position]) (drafter-invariant sampling)."""
 
     def __init__(self, sampling: dict[str, Any] | None, vocab: int) -> None:
-        self.sampling, self.vocab, self._draws = sampling, vocab, {}
+        self.sampling, self.vocab = sampling, vocab
+        self.seed = sampling["seed"] if sampling else 0
+        self._draws: dict[int, np.ndarray] = {}
 
     def draws(self, position: int) -> np.ndarray:
         if position not in self._draws:
-            rng = np.random.default_rng([self.sampling["seed"], 0, position])  # type: ignore[index]
+            rng = np.random.default_rng([self.seed, 0, position])
             self._draws[position] = rng.standard_exponential(self.vocab)
         return self._draws[position]
 
