@@ -296,6 +296,82 @@ def _export_draft_help() -> str:
     return f"Draft (repeatable; the first is the default). {kinds}."
 
 
+@main.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option(
+    "--max-concurrency", type=int, default=2, show_default=True, help="Generations at once."
+)
+@click.option(
+    "--max-queue", type=int, default=16, show_default=True, help="Requests waiting; past: 429."
+)
+@click.option(
+    "--timeout",
+    "request_timeout_s",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Seconds a request may take (waiting included).",
+)
+@click.option("--model-name", default=None, help="The model id clients ask for (default: folder).")
+@click.option(
+    "--provider", "providers", multiple=True, help="Execution provider(s): cpu, cuda, tensorrt."
+)
+@click.option("--threads", type=int, default=None, help="Intra-op threads (default: all cores).")
+@debug_option
+@user_errors
+def serve(
+    artifact: Path,
+    host: str,
+    port: int,
+    max_concurrency: int,
+    max_queue: int,
+    request_timeout_s: float,
+    model_name: str | None,
+    providers: tuple[str, ...],
+    threads: int | None,
+    debug: bool,
+) -> None:
+    """Serve ARTIFACT over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
+    /v1/models, /health, /metrics)."""
+    from specx.runtime import Pipeline
+    from specx.runtime.errors import InputError
+
+    try:
+        import uvicorn
+
+        from specx.apps.serve import ServeConfig, Server
+    except ImportError as e:
+        raise InputError(
+            f"specx serve needs the serve extra ({e.name} is missing)", "pip install 'specx[serve]'"
+        ) from e
+    if not 1 <= port <= 65535:
+        raise InputError(f"--port must be in 1..65535, got {port}")
+    if max_concurrency < 1 or max_queue < 0 or not request_timeout_s > 0:
+        raise InputError(
+            "--max-concurrency must be >= 1, --max-queue >= 0 and --timeout > 0",
+            f"got {max_concurrency}, {max_queue}, {request_timeout_s}",
+        )
+    _thread_pool(threads)
+    pipeline = Pipeline.load(artifact, providers=providers or None, threads=threads)
+    config = ServeConfig(
+        model_name=model_name or Path(artifact).resolve().name,
+        max_concurrency=max_concurrency,
+        max_queue=max_queue,
+        request_timeout_s=request_timeout_s,
+    )
+    app = Server(pipeline, config).app()
+    click.echo(f"serving {config.model_name} on http://{host}:{port}/v1", err=True)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=int(config.shutdown_grace_s),
+    )
+
+
 @main.command(name="export")
 @click.option("--target", required=True, help="Target: HF folder, .gguf file, or hub id.")
 @click.option(

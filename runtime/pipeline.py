@@ -247,6 +247,11 @@ class Pipeline:
             )
         return FixedK(k), k, name
 
+    def validate(self, settings: GenerationSettings) -> None:
+        """Raise the InputError that `stream` would raise for these settings on this artifact
+        (drafter, K against the profile), without starting anything."""
+        self._policy(settings)
+
     def stream(
         self, prompt: Prompt, settings: GenerationSettings | None = None, **options: Any
     ) -> Generation:

@@ -91,6 +91,10 @@ class TextCodec:
     def encode_chat(self, prompt: str, system: str | None = None) -> np.ndarray:
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": prompt})
+        return self.encode_messages(messages)
+
+    def encode_messages(self, messages: list[dict[str, str]]) -> np.ndarray:
+        """A conversation (role/content messages) through the chat template, ready to answer."""
         return self.encode(self.render_chat(messages), add_special_tokens=False)
 
     def stream_decoder(self) -> IncrementalDecoder:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or update) the project's virtual environment with everything specx needs:
-# the runtime, the exporter (torch CPU 2.13.0, transformers, onnx, gguf, accelerate) and the
-# test tools. Safe to run again: pip skips what is already installed.
+# the runtime, the exporter (torch CPU 2.13.0, transformers, onnx, gguf, accelerate), the server
+# (starlette, uvicorn) and the test tools. Safe to run again: pip skips what is already installed.
 #   SPECX_VENV=path   use another environment (default: .venv at the repository root)
 #   --gpu             swap onnxruntime for onnxruntime-gpu (CUDA / TensorRT providers). The two
 #                     packages provide the same module and must never be installed together.
@@ -14,7 +14,7 @@ fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 # torch first, pinned: its CPU wheel lies on disk; an open range could pull a multi-GB CUDA build.
 "${PIP[@]}" install "torch==2.13.0"
-"${PIP[@]}" install -e "$ROOT[export,dev]"
+"${PIP[@]}" install -e "$ROOT[export,serve,dev]"
 if [ "${1:-}" = "--gpu" ]; then
   "${PIP[@]}" uninstall -y onnxruntime onnxruntime-gpu
   "${PIP[@]}" install "onnxruntime-gpu>=1.20"

@@ -1,0 +1,287 @@
+"""`specx serve`: an OpenAI-compatible HTTP server over one shared Pipeline (Starlette + uvicorn).
+
+    POST /v1/completions, POST /v1/chat/completions   streamed (server-sent events) or not
+    GET  /v1/models                                   the one model served
+    GET  /health                                      200 while serving, 503 while shutting down
+    GET  /metrics                                     Prometheus text format
+
+Every error is OpenAI's error object with a 4xx/5xx status; nothing answers with a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from specx.apps.serve.engine import Busy, Delta, Done, Engine, Job, ShuttingDown
+from specx.apps.serve.metrics import Metrics
+from specx.apps.serve.protocol import (
+    Request,
+    RequestError,
+    chunk,
+    finish_reason,
+    parse_request,
+    response,
+    usage,
+)
+from specx.runtime import GenerationSettings, InputError, Pipeline, SpecxError
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model_name: str
+    max_concurrency: int = 2  # generations at once, each on its own workspace (caches)
+    max_queue: int = 16  # requests waiting for a slot; past it: 429 with Retry-After
+    request_timeout_s: float = 300.0  # a generation stops (and a waiting request gives up) here
+    shutdown_grace_s: float = 10.0  # on SIGTERM, streams may finish for this long, then stop
+    max_body_bytes: int = 4 * 2**20
+
+
+ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+
+
+def refusal(exc: BaseException, config: ServeConfig) -> RequestError | None:
+    """The answer to an engine's refusal or a specx error; None for anything else (a bug)."""
+    if isinstance(exc, Busy):
+        return RequestError(
+            "the server is busy: every generation slot and the queue are taken",
+            status=429,
+            kind="rate_limit_error",
+            code="busy",
+            headers={"Retry-After": str(exc.retry_after_s)},
+        )
+    if isinstance(exc, ShuttingDown):
+        return RequestError(
+            "the server is shutting down",
+            status=503,
+            kind="unavailable",
+            headers={"Retry-After": "5"},
+        )
+    if isinstance(exc, TimeoutError):
+        return RequestError(
+            f"the request waited for a slot past its time limit ({config.request_timeout_s:g} s)",
+            status=503,
+            kind="timeout",
+            headers={"Retry-After": "1"},
+        )
+    if isinstance(exc, SpecxError):  # the artifact or the machine, not the request
+        return RequestError(str(exc), status=500, kind="server_error")
+    return None
+
+
+def _error(error: RequestError, metrics: Metrics) -> JSONResponse:
+    metrics.errors.labels(error.kind).inc()
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+class Server:
+    def __init__(self, pipeline: Pipeline, config: ServeConfig) -> None:
+        self.pipeline = pipeline
+        self.config = config
+        self.metrics = Metrics()
+        self.engine = Engine(
+            pipeline, config.max_concurrency, config.max_queue, self.metrics.finished
+        )
+
+    # -- endpoints --------------------------------------------------------------------------
+    async def models(self, request: HttpRequest) -> Response:
+        self.metrics.requests.labels("models", 200).inc()
+        manifest = self.pipeline.manifest
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.config.model_name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "specx",
+                        "context_length": manifest.max_length,
+                        "drafters": self.pipeline.drafter_names,
+                        "default_drafter": self.pipeline.default_drafter,
+                    }
+                ],
+            }
+        )
+
+    async def health(self, request: HttpRequest) -> Response:
+        e = self.engine
+        body = {
+            "status": "ok" if e.accepting else "shutting down",
+            "model": self.config.model_name,
+            "active": e.active,
+            "waiting": e.waiting,
+        }
+        return JSONResponse(body, status_code=200 if e.accepting else 503)
+
+    async def prometheus(self, request: HttpRequest) -> Response:
+        self.metrics.queue_depth.set(self.engine.waiting)
+        self.metrics.active.set(self.engine.active)
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def completions(self, request: HttpRequest) -> Response:
+        return await self._complete(request, chat=False)
+
+    async def chat_completions(self, request: HttpRequest) -> Response:
+        return await self._complete(request, chat=True)
+
+    # -- one completion ---------------------------------------------------------------------
+    async def _complete(self, http: HttpRequest, chat: bool) -> Response:
+        endpoint = "chat" if chat else "completions"
+        try:
+            request, job = await self._admit(http, chat)
+            events = self.engine.run(job)
+            if request.stream:
+                first = await anext(events)  # admission errors surface before the 200
+                self.metrics.requests.labels(endpoint, 200).inc()
+                return EventSourceResponse(
+                    self._stream(request, job, first, events),
+                    ping=15,
+                    shutdown_grace_period=self.config.shutdown_grace_s,
+                )
+            text, done = "", None
+            async for item in events:
+                if isinstance(item, Done):
+                    done = item
+            assert done is not None
+            text = done.text
+            if job.timed_out:
+                raise RequestError(
+                    f"the request exceeded its time limit of {self.config.request_timeout_s:g} s",
+                    status=504,
+                    kind="timeout",
+                )
+            stats = done.result.stats
+            self.metrics.requests.labels(endpoint, 200).inc()
+            counts = usage(stats.prompt_tokens, stats.new_tokens)
+            body = response(
+                request,
+                self.config.model_name,
+                text,
+                finish_reason(done.reason),
+                counts,
+                stats.to_json(),
+            )
+            return JSONResponse(body)
+        except (RequestError, Busy, ShuttingDown, TimeoutError, SpecxError) as e:
+            error = e if isinstance(e, RequestError) else refusal(e, self.config)
+            assert error is not None
+            self.metrics.requests.labels(endpoint, error.status).inc()
+            return _error(error, self.metrics)
+
+    async def _admit(self, http: HttpRequest, chat: bool) -> tuple[Request, Job]:
+        raw = await http.body()
+        if len(raw) > self.config.max_body_bytes:
+            raise RequestError("the request body is too large", status=413)
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RequestError(f"the request body is not valid JSON: {e}") from e
+        request = parse_request(body, chat)
+        model = body.get("model")
+        if model is not None and model != self.config.model_name:
+            raise RequestError(
+                f"the model {model!r} is not served here (this server serves "
+                f"{self.config.model_name!r})",
+                "model",
+                status=404,
+                code="model_not_found",
+            )
+        try:
+            if request.messages is not None:
+                prompt = self.pipeline.codec.encode_messages(request.messages)
+            else:
+                assert request.prompt is not None
+                prompt = self.pipeline.encode_prompt(request.prompt)
+            prompt = self.pipeline.encode_prompt(prompt)  # checks the length and the ids
+            settings = request.settings
+            if not request.max_tokens_given:  # up to the end of the context
+                room = self.pipeline.manifest.max_length - len(prompt) + 1
+                settings = GenerationSettings.of(settings, max_new_tokens=max(1, room))
+            self.pipeline.validate(settings)
+        except InputError as e:
+            message = e.message + (f" ({e.hint})" if e.hint else "")
+            if "drafter" in e.message:
+                param: str | None = "drafter"
+            elif "prompt" in e.message:
+                param = "messages" if chat else "prompt"
+            else:
+                param = None
+            raise RequestError(message, param) from e
+        deadline = time.monotonic() + self.config.request_timeout_s
+        return request, Job(prompt, settings, request.stop, deadline)
+
+    async def _stream(
+        self,
+        request: Request,
+        job: Job,
+        first: Delta | Done,
+        events: AsyncGenerator[Delta | Done, None],
+    ) -> AsyncIterator[str]:
+        model = self.config.model_name
+        item: Delta | Done = first
+        opened = False
+        try:
+            while True:
+                if isinstance(item, Delta):
+                    yield json.dumps(chunk(request, model, item.text, None, first=not opened))
+                    opened = True
+                else:
+                    stats = item.result.stats
+                    if job.timed_out:
+                        error = RequestError(
+                            "the request exceeded its time limit of "
+                            f"{self.config.request_timeout_s:g} s",
+                            status=504,
+                            kind="timeout",
+                        )
+                        yield json.dumps(error.body())
+                    else:
+                        yield json.dumps(
+                            chunk(
+                                request, model, None, finish_reason(item.reason), first=not opened
+                            )
+                        )
+                    if request.include_usage:
+                        counts = usage(stats.prompt_tokens, stats.new_tokens)
+                        yield json.dumps(
+                            chunk(request, model, None, None, counts=counts, stats=stats.to_json())
+                        )
+                    yield "[DONE]"
+                    return
+                item = await anext(events)
+        finally:
+            await events.aclose()  # a client that went away: the generation stops
+
+    def app(self) -> Starlette:
+        @asynccontextmanager
+        async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+            yield
+            self.engine.shutdown(cancel=True)
+
+        async def on_error(request: HttpRequest, exc: Exception) -> Response:
+            error = refusal(exc, self.config) or RequestError(
+                f"internal error ({type(exc).__name__})", status=500, kind="server_error"
+            )
+            endpoint = ENDPOINTS.get(request.url.path, "other")
+            self.metrics.requests.labels(endpoint, error.status).inc()
+            return _error(error, self.metrics)
+
+        routes = [
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.prometheus, methods=["GET"]),
+        ]
+        return Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: on_error})

@@ -1,0 +1,283 @@
+"""The OpenAI wire format: requests read into specx's settings, results written as responses.
+
+A request is checked field by field; anything wrong is a `RequestError` with the status, the
+field (`param`) and a message, sent back as OpenAI's error object. The mapping:
+
+    max_tokens (max_completion_tokens)  GenerationSettings.max_new_tokens
+    temperature (default 1), top_p, seed     SamplingParams (temperature 0: greedy)
+    stop (a string or up to 4)          applied to the text as it streams
+    n                                   must be 1
+    top_k, min_p, k ("auto" or 0..16), drafter, verification
+                                        specx's extras (OpenAI clients: extra_body)
+
+Fields that would change the output distribution and that specx does not implement
+(presence/frequency penalties, logit_bias, logprobs, tools) are refused rather than ignored.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from specx.runtime import GenerationSettings, InputError, SamplingParams
+from specx.runtime.settings import AUTO, MAX_K
+
+MAX_STOPS = 4
+UNSUPPORTED = ("logit_bias", "logprobs", "top_logprobs", "tools", "functions", "echo", "suffix")
+
+
+class RequestError(Exception):
+    """A request the server refuses; the fields of OpenAI's error object."""
+
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message, self.param, self.status = message, param, status
+        self.kind, self.code, self.headers = kind, code, headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+@dataclass(frozen=True)
+class Request:
+    """One completion request, checked."""
+
+    chat: bool
+    prompt: str | list[int] | None  # completions
+    messages: list[dict[str, str]] | None  # chat
+    settings: GenerationSettings
+    stream: bool
+    include_usage: bool
+    stop: tuple[str, ...] = ()
+    max_tokens_given: bool = False
+    created: int = field(default_factory=lambda: int(time.time()))
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RequestError(f"{name} must be a number, got {value!r}", name)
+    if not low <= value <= high:
+        raise RequestError(f"{name} must be in [{low:g}, {high:g}], got {value}", name)
+    return float(value)
+
+
+def _integer(body: dict[str, Any], name: str, default: int | None, low: int) -> int | None:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(f"{name} must be an integer, got {value!r}", name)
+    if value < low:
+        raise RequestError(f"{name} must be >= {low}, got {value}", name)
+    return value
+
+
+def _stops(body: dict[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise RequestError("stop must be a non-empty string or a list of them", "stop")
+    if len(stops) > MAX_STOPS:
+        raise RequestError(f"stop takes at most {MAX_STOPS} strings", "stop")
+    return tuple(stops)
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list", "messages")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict) or message.get("role") not in (
+            "system",
+            "developer",
+            "user",
+            "assistant",
+        ):
+            raise RequestError(
+                f"{where} needs a role of system, user or assistant", f"{where}.role"
+            )
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise RequestError(f"{where}: only text content is supported", f"{where}.content")
+            content = "".join(str(p.get("text", "")) for p in content)
+        if not isinstance(content, str):
+            raise RequestError(f"{where}.content must be a string", f"{where}.content")
+        role = "system" if message["role"] == "developer" else message["role"]
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _prompt(body: dict[str, Any]) -> str | list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise RequestError("prompt must not be empty", "prompt")
+        return prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        return list(prompt)
+    raise RequestError(
+        "prompt must be a string or a list of token ids (one prompt per request)", "prompt"
+    )
+
+
+def parse_request(body: Any, chat: bool) -> Request:
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    for name in UNSUPPORTED:
+        if body.get(name) not in (None, False, 0, [], {}):
+            raise RequestError(f"{name} is not supported by specx", name, code="unsupported")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if body.get(name) not in (None, 0, 0.0):
+            raise RequestError(f"{name} is not supported by specx", name, code="unsupported")
+    if _integer(body, "n", 1, 1) != 1:
+        raise RequestError("n must be 1: one completion per request", "n")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError("stream must be true or false", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise RequestError("stream_options must be an object", "stream_options")
+    limit_name = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
+    max_tokens = _integer(body, limit_name, None, 1)
+    k: Any = body.get("k")
+    if (
+        k is not None
+        and k != AUTO
+        and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_K)
+    ):
+        raise RequestError(f"k must be an integer in 0..{MAX_K} or 'auto', got {k!r}", "k")
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p <= 0.0:
+        raise RequestError(f"top_p must be in (0, 1], got {top_p:g}", "top_p")
+    drafter = body.get("drafter")
+    if drafter is not None and not isinstance(drafter, str):
+        raise RequestError("drafter must be a string", "drafter")
+    verification = body.get("verification", "invariant")
+    try:
+        sampling = SamplingParams(
+            temperature=_number(body, "temperature", 1.0, 0.0, 1e6),
+            top_k=_integer(body, "top_k", 0, 0) or 0,
+            top_p=top_p,
+            min_p=_number(body, "min_p", 0.0, 0.0, 0.999999),
+            seed=_integer(body, "seed", None, 0),
+            verification=verification,
+        )
+        settings = GenerationSettings(
+            max_new_tokens=max_tokens or 16,  # replaced by the room left when not given
+            k=k,
+            max_k=_integer(body, "max_k", 8, 1) or 8,
+            drafter=drafter,
+            sampling=sampling,
+        )
+    except InputError as e:  # what the checks above leave: verification, max_k's range
+        raise RequestError(e.message) from e
+    return Request(
+        chat=chat,
+        prompt=None if chat else _prompt(body),
+        messages=_messages(body) if chat else None,
+        settings=settings,
+        stream=stream,
+        include_usage=bool(options.get("include_usage", False)),
+        stop=_stops(body),
+        max_tokens_given=max_tokens is not None,
+    )
+
+
+def finish_reason(stop_reason: str) -> str:
+    return "stop" if stop_reason in ("eos", "stop") else "length"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def response(
+    request: Request, model: str, text: str, reason: str, counts: dict[str, int], stats: Any
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+    if request.chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    return {
+        "id": ("chatcmpl-" if request.chat else "cmpl-") + request.id,
+        "object": "chat.completion" if request.chat else "text_completion",
+        "created": request.created,
+        "model": model,
+        "choices": [choice],
+        "usage": counts,
+        "specx": stats,
+    }
+
+
+def chunk(
+    request: Request,
+    model: str,
+    text: str | None,
+    reason: str | None,
+    first: bool = False,
+    counts: dict[str, int] | None = None,
+    stats: Any = None,
+) -> dict[str, Any]:
+    """One streamed event: a text delta, the final one with its finish reason, or (with no text
+    and no reason) the usage chunk."""
+    choices: list[dict[str, Any]] = []
+    if text is not None or reason is not None:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+        if request.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if first else {}
+            if text:
+                delta["content"] = text
+            choice["delta"] = delta
+        else:
+            choice["text"] = text or ""
+        choices.append(choice)
+    out: dict[str, Any] = {
+        "id": ("chatcmpl-" if request.chat else "cmpl-") + request.id,
+        "object": "chat.completion.chunk" if request.chat else "text_completion",
+        "created": request.created,
+        "model": model,
+        "choices": choices,
+    }
+    if counts is not None:
+        out["usage"] = counts
+    if stats is not None:
+        out["specx"] = stats
+    return out

@@ -1,0 +1,349 @@
+"""`specx serve` with real parts: a uvicorn server on 127.0.0.1 and the official `openai` client.
+
+Each test starts its own server on a free port in a background thread and stops it at the end;
+every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import TinyPair, needs_exporter
+
+pytest.importorskip("uvicorn")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from specx.apps.cli import main  # noqa: E402
+from specx.apps.serve import ServeConfig, Server  # noqa: E402
+from specx.runtime import Pipeline  # noqa: E402
+
+pytestmark = needs_exporter
+MODEL = "tiny"
+
+
+@pytest.fixture
+def slow_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every model pass takes 5 ms longer: tiny models generate thousands of tokens a second,
+    too fast to disconnect from, queue behind or shut down in the middle of."""
+    from specx.runtime.backends import OrtSession
+
+    forward = OrtSession.forward
+
+    def slow(self: OrtSession, tokens: Any, cache: Any) -> Any:
+        time.sleep(0.005)
+        return forward(self, tokens, cache)
+
+    monkeypatch.setattr(OrtSession, "forward", slow)
+
+
+@contextmanager
+def serving(artifact: Any, **config: Any) -> Iterator[tuple[str, Any, Pipeline]]:
+    import uvicorn
+
+    pipeline = Pipeline.load(artifact)
+    app = Server(pipeline, ServeConfig(model_name=MODEL, **config)).app()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10, lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started, "the server did not start"
+    try:
+        yield f"http://127.0.0.1:{port}", server, pipeline
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the server did not stop"
+        sock.close()
+
+
+def client(base: str) -> Any:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def run_cli_chat(artifact: Any, prompt: str, n: int) -> dict[str, Any]:
+    result = CliRunner().invoke(
+        main, ["run", str(artifact), "-p", prompt, "--chat", "-n", str(n), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    return dict(json.loads(result.stdout))
+
+
+def test_a_greedy_chat_completion_equals_specx_run_chat_streamed_or_not(
+    llama_pair: TinyPair,
+) -> None:
+    want = run_cli_chat(llama_pair.artifact, "The cat is", 20)
+    with serving(llama_pair.artifact) as (base, _server, _pipe):
+        api = client(base)
+        assert [m.id for m in api.models.list().data] == [MODEL]
+        reply = api.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "The cat is"}],
+            max_tokens=20,
+            temperature=0,
+        )
+        assert reply.choices[0].message.content == want["text"]
+        assert reply.usage.completion_tokens == len(want["token_ids"])
+        assert reply.usage.prompt_tokens == want["prompt_tokens"]
+        assert reply.choices[0].finish_reason in ("length", "stop")
+        extra = reply.model_extra or {}
+        assert extra["specx"]["drafter"] == "mixed" and extra["specx"]["target_passes"] > 0
+        pieces = []
+        for event in api.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "The cat is"}],
+            max_tokens=20,
+            temperature=0,
+            stream=True,
+        ):
+            if event.choices and event.choices[0].delta.content:
+                pieces.append(event.choices[0].delta.content)
+        assert "".join(pieces) == want["text"]
+
+
+def test_completions_follow_the_pipeline_with_specx_extras(llama_pair: TinyPair) -> None:
+    with serving(llama_pair.artifact) as (base, _server, pipe):
+        api = client(base)
+        for extra in ({"k": 3, "drafter": "ngram+other"}, {"k": "auto"}, {"k": 0}):
+            want = pipe.generate("A dog", max_new_tokens=15, temperature=0.8, seed=3, **extra)
+            got = api.completions.create(
+                model=MODEL,
+                prompt="A dog",
+                max_tokens=15,
+                temperature=0.8,
+                seed=3,
+                extra_body=extra,
+            )
+            assert got.choices[0].text == want.text, extra
+        chunks = api.completions.create(
+            model=MODEL,
+            prompt="A dog",
+            max_tokens=15,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        events = list(chunks)
+        text = "".join(e.choices[0].text for e in events if e.choices)
+        assert text == pipe.generate("A dog", max_new_tokens=15, k=4).text
+        assert events[-1].usage.completion_tokens == 15
+
+
+def test_stop_strings_end_the_text_before_them(llama_pair: TinyPair) -> None:
+    with serving(llama_pair.artifact) as (base, _server, pipe):
+        full = pipe.generate("The cat is", max_new_tokens=30).text
+        stop = full[10:12]
+        got = client(base).completions.create(
+            model=MODEL, prompt="The cat is", max_tokens=30, temperature=0, stop=[stop]
+        )
+        assert got.choices[0].text == full[: full.index(stop)]
+        assert got.choices[0].finish_reason == "stop"
+
+
+def test_eight_concurrent_streams_all_get_their_own_text(llama_pair: TinyPair) -> None:
+    prompts = [
+        f"The {word} sat" for word in ["cat", "dog", "bird", "cow", "pig", "hen", "fox", "owl"]
+    ]
+    with serving(llama_pair.artifact, max_concurrency=2, max_queue=8) as (base, _s, pipe):
+        want = [pipe.generate(p, max_new_tokens=24, k=3).text for p in prompts]
+
+        def stream(prompt: str) -> str:
+            events = client(base).completions.create(
+                model=MODEL,
+                prompt=prompt,
+                max_tokens=24,
+                temperature=0,
+                stream=True,
+                extra_body={"k": 3},
+            )
+            return "".join(e.choices[0].text for e in events if e.choices)
+
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(stream, prompts))
+        assert got == want
+
+
+BAD = [
+    ("not json", None, 400, None),
+    ({"model": MODEL}, "chat", 400, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "chat", 400, "max_tokens"),
+    (
+        {"messages": [{"role": "user", "content": "hi"}], "temperature": -1},
+        "chat",
+        400,
+        "temperature",
+    ),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_p": 1.5}, "chat", 400, "top_p"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, "chat", 400, "top_p"),
+    ({"messages": [{"role": "user", "content": "word " * 300}]}, "chat", 400, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "drafter": "turbo"}, "chat", 400, "drafter"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "chat", 400, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "chat", 400, "logprobs"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "chat", 400, "messages[0].role"),
+    ({"prompt": ""}, "completions", 400, "prompt"),
+    ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "completions", 400, "stop"),
+    ({"prompt": "hi", "k": 99}, "completions", 400, "k"),
+    ({"prompt": "hi", "model": "gpt-9"}, "completions", 404, "model"),
+]
+
+
+def test_every_bad_request_gets_an_openai_error_and_the_server_keeps_serving(
+    llama_pair: TinyPair,
+) -> None:
+    with serving(llama_pair.artifact) as (base, _server, pipe):
+        want = pipe.generate("The cat", max_new_tokens=8, k=4).text
+        for body, endpoint, status, param in BAD:
+            path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
+            content = body if isinstance(body, str) else json.dumps(body)
+            reply = httpx.post(base + path, content=content, timeout=30)
+            assert reply.status_code == status, (body, reply.text)
+            error = reply.json()["error"]
+            assert error["message"] and "Traceback" not in error["message"]
+            assert param is None or error["param"] == param, (body, error)
+            again = client(base).completions.create(
+                model=MODEL, prompt="The cat", max_tokens=8, temperature=0
+            )
+            assert again.choices[0].text == want
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(
+    long_pair: TinyPair, slow_passes: None
+) -> None:
+    with serving(long_pair.artifact, max_concurrency=1, max_queue=0) as (base, _s, pipe):
+        body = {"prompt": "The cat", "max_tokens": 1900, "temperature": 0, "stream": True}
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as reply:
+            lines = reply.iter_lines()
+            assert any(line.startswith("data:") for line in lines)  # it is streaming
+            assert httpx.get(base + "/health").json()["active"] == 1
+        deadline = time.monotonic() + 10  # closed: the generation stops after its current step
+        while httpx.get(base + "/health").json()["active"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert httpx.get(base + "/health").json()["active"] == 0
+        assert pipe.idle_workspaces(pipe.default_drafter) == 1  # its caches are back in the pool
+        metrics = httpx.get(base + "/metrics").text
+        generated = next(
+            float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith("specx_generated_tokens_total")
+        )
+        assert 0 < generated < 1900  # stopped mid-way, not run to the end
+        short = httpx.post(base + "/v1/completions", json={"prompt": "hi", "max_tokens": 3})
+        assert short.status_code == 200
+
+
+def test_past_the_queue_a_request_gets_429_with_retry_after(
+    long_pair: TinyPair, slow_passes: None
+) -> None:
+    with serving(long_pair.artifact, max_concurrency=1, max_queue=0) as (base, _s, _pipe):
+        body = {"prompt": "The cat", "max_tokens": 1900, "temperature": 0, "stream": True}
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as running:
+            lines = running.iter_lines()  # kept: a dropped iterator closes the response
+            next(lines)
+            refused = httpx.post(base + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+            assert refused.status_code == 429
+            assert int(refused.headers["Retry-After"]) >= 1
+            assert refused.json()["error"]["code"] == "busy"
+
+
+def test_a_request_past_its_time_limit_gets_504(long_pair: TinyPair, slow_passes: None) -> None:
+    with serving(long_pair.artifact, request_timeout_s=0.3) as (base, _s, pipe):
+        started = time.monotonic()
+        reply = httpx.post(
+            base + "/v1/completions",
+            json={"prompt": "The cat", "max_tokens": 1900, "temperature": 0},
+            timeout=60,
+        )
+        assert reply.status_code == 504 and "time limit" in reply.json()["error"]["message"]
+        assert time.monotonic() - started < 10
+        assert pipe.idle_workspaces(pipe.default_drafter) == 1
+
+
+def test_metrics_and_health_report_the_serving_state(llama_pair: TinyPair) -> None:
+    with serving(llama_pair.artifact) as (base, _server, _pipe):
+        assert httpx.get(base + "/health").json()["status"] == "ok"
+        client(base).completions.create(model=MODEL, prompt="The cat", max_tokens=12, temperature=0)
+        httpx.post(base + "/v1/completions", json={"prompt": ""})
+        text = httpx.get(base + "/metrics").text
+        values = {
+            line.split(" ")[0]: float(line.split(" ")[-1])
+            for line in text.splitlines()
+            if line and not line.startswith("#")
+        }
+        assert values['specx_requests_total{endpoint="completions",status="200"}'] == 1
+        assert values['specx_requests_total{endpoint="completions",status="400"}'] == 1
+        assert values["specx_generated_tokens_total"] == 12
+        assert 0 < values["specx_acceptance_rate"] <= 1 and values["specx_tokens_per_second"] > 0
+        assert values["specx_queue_depth"] == 0 and values["specx_active_requests"] == 0
+        assert values["specx_time_to_first_token_seconds_count"] == 1
+
+
+def test_shutdown_lets_a_running_stream_finish(long_pair: TinyPair, slow_passes: None) -> None:
+    with serving(long_pair.artifact) as (base, server, pipe):
+        body = {"prompt": "The cat", "max_tokens": 300, "temperature": 0, "stream": True}
+        want = pipe.generate("The cat", max_new_tokens=300, k=4).text
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as reply:
+            lines = reply.iter_lines()
+            first = next(line for line in lines if line.startswith("data:"))
+            server.should_exit = True  # what SIGTERM does
+            rest = [line for line in lines if line.startswith("data:")]
+        texts = [json.loads(line[5:])["choices"] for line in [first, *rest] if "[DONE]" not in line]
+        assert "".join(c[0]["text"] for c in texts if c) == want
+        assert rest[-1].strip() == "data: [DONE]"
+
+
+def test_serve_refuses_bad_options_cleanly(llama_pair: TinyPair) -> None:
+    for args, message in (
+        (["--port", "70000"], "--port must be in 1..65535"),
+        (["--max-concurrency", "0"], "--max-concurrency must be >= 1"),
+    ):
+        result = CliRunner().invoke(main, ["serve", str(llama_pair.artifact), *args])
+        assert result.exit_code == 2 and message in result.stderr, result.output
+
+
+def test_the_runtime_core_never_imports_the_server_stack() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, specx.runtime\nfrom specx.runtime import Pipeline\n"
+        "print([m for m in ('starlette', 'uvicorn', 'sse_starlette', 'prometheus_client')"
+        " if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_seeded_sampling_is_the_same_text_over_http_for_any_k(llama_pair: TinyPair) -> None:
+    with serving(llama_pair.artifact) as (base, _server, _pipe):
+        texts = {
+            client(base)
+            .completions.create(
+                model=MODEL,
+                prompt="The cat",
+                max_tokens=20,
+                temperature=1.0,
+                seed=11,
+                extra_body={"k": k},
+            )
+            .choices[0]
+            .text
+            for k in (0, 2, 5, "auto")
+        }
+        assert len(texts) == 1
