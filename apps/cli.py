@@ -372,6 +372,46 @@ def serve(
     )
 
 
+@main.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
+@click.option("--name", default="specx", show_default=True, help="The model's name in Triton.")
+@click.option("--instances", type=int, default=1, show_default=True, help="Model instances.")
+@click.option("--threads", type=int, default=None, help="Intra-op threads per instance.")
+@click.option(
+    "--python",
+    default=None,
+    help="The Python whose environment Triton's Python backend runs specx in (default: this "
+    "one; its version must match the backend stub's).",
+)
+@click.option("--force", is_flag=True, help="Replace an existing repository.")
+@debug_option
+@user_errors
+def triton(
+    artifact: Path,
+    output: Path,
+    name: str,
+    instances: int,
+    threads: int | None,
+    python: str | None,
+    force: bool,
+    debug: bool,
+) -> None:
+    """Write a Triton Inference Server model repository that serves ARTIFACT (Python backend,
+    decoupled: /v2/models/NAME/generate and generate_stream, gRPC streaming)."""
+    from specx.apps.triton.repository import python_environment, write_repository
+
+    model = write_repository(artifact, output, name, instances, threads, force, python)
+    env = python_environment(python)
+    click.echo(f"wrote {model}", err=True)
+    click.echo(
+        "start it with:\n"
+        f"  PATH={env.prefix}/bin:$PATH PYTHONPATH={':'.join(env.site_packages)} \\\n"
+        f"  tritonserver --model-repository {output.resolve()}",
+        err=True,
+    )
+
+
 @main.command(name="export")
 @click.option("--target", required=True, help="Target: HF folder, .gguf file, or hub id.")
 @click.option(

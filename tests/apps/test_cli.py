@@ -169,3 +169,17 @@ def test_info_json_gives_the_facts_a_deployment_tool_needs(llama_pair: TinyPair)
     assert per_token > 0 and facts["kv_cache_bytes"]["full_context"] == 128 * per_token
     text = CliRunner().invoke(main, ["info", str(llama_pair.artifact)])
     assert "needs    onnxruntime >= 1.20" in text.stdout
+
+
+def test_the_repository_is_complete_and_refuses_to_overwrite(
+    tmp_path: Path, llama_pair: TinyPair
+) -> None:
+    out = tmp_path / "repo"
+    first = CliRunner().invoke(main, ["triton", str(llama_pair.artifact), "-o", str(out)])
+    assert first.exit_code == 0, first.output
+    config = (out / "specx" / "config.pbtxt").read_text()
+    assert "decoupled: true" in config and 'name: "text_input"' in config
+    assert str(llama_pair.artifact.resolve()) in config
+    assert (out / "specx" / "1" / "model.py").is_file()
+    again = CliRunner().invoke(main, ["triton", str(llama_pair.artifact), "-o", str(out)])
+    assert again.exit_code == 2 and "already exists" in again.stderr
