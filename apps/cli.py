@@ -1,83 +1,37 @@
 """The `specx` command line: a thin click layer over library functions.
 
 `specx run` uses only the runtime. `specx export` and `specx build` import the exporter (torch,
-transformers) lazily, inside the command, so nothing else ever loads it.
+transformers) lazily, inside the command, so nothing else ever loads it. Commands live beside
+this module: cli_export.py, cli_bench.py, cli_serve.py; what they share is in cli_common.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
-import traceback
-from collections.abc import Callable
-from functools import wraps
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from specx.runtime.drafters.registry import KINDS
-from specx.runtime.errors import SpecxError
+from specx.apps.cli_bench import bench
+from specx.apps.cli_common import (
+    debug_option,
+    provider_option,
+    thread_pool,
+    threads_option,
+    user_errors,
+)
+from specx.apps.cli_export import build, export_cmd
+from specx.apps.cli_serve import serve, triton
 from specx.runtime.sampling import VERIFICATIONS
 from specx.runtime.settings import DEFAULT_K
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _fail(error: BaseException, debug: bool) -> None:
-    if debug:
-        traceback.print_exception(error)
-    if isinstance(error, SpecxError):
-        click.echo(f"error: {error.message}", err=True)
-        if error.hint:
-            click.echo(f"  fix: {error.hint}", err=True)
-        sys.exit(error.exit_code)
-    click.echo(f"error: {type(error).__name__}: {error}", err=True)
-    click.echo("  (this is a bug in specx; run again with --debug for the traceback)", err=True)
-    sys.exit(1)
-
-
-def user_errors(func: F) -> F:
-    """Turn SpecxError into a clean message and a non-zero exit (traceback only with --debug)."""
-
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        debug = bool(kwargs.get("debug"))
-        try:
-            return func(*args, **kwargs)
-        except BrokenPipeError:
-            # the reader went away (`specx run ... | head`): stop quietly, like other tools
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-            sys.exit(0)
-        except SpecxError as e:
-            _fail(e, debug)
-        except (OSError, ValueError, RuntimeError) as e:
-            _fail(e, debug)
-        except KeyboardInterrupt:
-            click.echo("\ninterrupted", err=True)
-            sys.exit(130)
-
-    return wrapper  # type: ignore[return-value]
-
-
-debug_option = click.option("--debug", is_flag=True, help="Show tracebacks on errors.")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="specx")
 def main() -> None:
     """specx: deployable speculative decoding (ONNX export + a lean ONNX Runtime engine)."""
-
-
-def _thread_pool(threads: int | None) -> None:
-    """The CLI's process is its own: one onnxruntime thread pool for target and draft
-    (SPECX_THREAD_POOL=session keeps a pool per session)."""
-    if os.environ.get("SPECX_THREAD_POOL", "global") == "global":
-        from specx.runtime.backends import use_global_thread_pool
-
-        use_global_thread_pool(threads)
 
 
 def _decode_prompt(data: bytes, where: str) -> str:
@@ -168,10 +122,8 @@ What stays equal to the target alone:
     help="How sampled drafts are checked (see above).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-@click.option(
-    "--provider", "providers", multiple=True, help="Execution provider(s): cpu, cuda, tensorrt."
-)
-@click.option("--threads", type=int, default=None, help="Intra-op threads (default: all cores).")
+@provider_option
+@threads_option
 @debug_option
 @user_errors
 def run(
@@ -210,7 +162,7 @@ def run(
         chat=chat,
         system=system,
     )
-    _thread_pool(threads)
+    thread_pool(threads)
     pipeline = Pipeline.load(artifact, providers=providers or None, threads=threads)
     generation = pipeline.stream(text, settings)
     interrupted = False
@@ -289,193 +241,6 @@ def _quality(parity: dict[str, Any]) -> str:
     return f"parity max|dlogit| {diff:.1e}" if diff is not None else "no parity recorded"
 
 
-def _export_draft_help() -> str:
-    kinds = "; ".join(
-        f"{k.keyword or 'PATH'}: {k.summary}" for k in KINDS.values() if k.name != "self"
-    )
-    return f"Draft (repeatable; the first is the default). {kinds}."
-
-
-@main.command()
-@click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=int, default=8000, show_default=True)
-@click.option(
-    "--max-concurrency", type=int, default=2, show_default=True, help="Generations at once."
-)
-@click.option(
-    "--max-queue", type=int, default=16, show_default=True, help="Requests waiting; past: 429."
-)
-@click.option(
-    "--timeout",
-    "request_timeout_s",
-    type=float,
-    default=300.0,
-    show_default=True,
-    help="Seconds a request may take (waiting included).",
-)
-@click.option("--model-name", default=None, help="The model id clients ask for (default: folder).")
-@click.option(
-    "--provider", "providers", multiple=True, help="Execution provider(s): cpu, cuda, tensorrt."
-)
-@click.option("--threads", type=int, default=None, help="Intra-op threads (default: all cores).")
-@debug_option
-@user_errors
-def serve(
-    artifact: Path,
-    host: str,
-    port: int,
-    max_concurrency: int,
-    max_queue: int,
-    request_timeout_s: float,
-    model_name: str | None,
-    providers: tuple[str, ...],
-    threads: int | None,
-    debug: bool,
-) -> None:
-    """Serve ARTIFACT over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
-    /v1/models, /health, /metrics)."""
-    from specx.runtime import Pipeline
-    from specx.runtime.errors import InputError
-
-    try:
-        import uvicorn
-
-        from specx.apps.serve import ServeConfig, Server
-    except ImportError as e:
-        raise InputError(
-            f"specx serve needs the serve extra ({e.name} is missing)", "pip install 'specx[serve]'"
-        ) from e
-    if not 1 <= port <= 65535:
-        raise InputError(f"--port must be in 1..65535, got {port}")
-    if max_concurrency < 1 or max_queue < 0 or not request_timeout_s > 0:
-        raise InputError(
-            "--max-concurrency must be >= 1, --max-queue >= 0 and --timeout > 0",
-            f"got {max_concurrency}, {max_queue}, {request_timeout_s}",
-        )
-    _thread_pool(threads)
-    pipeline = Pipeline.load(artifact, providers=providers or None, threads=threads)
-    config = ServeConfig(
-        model_name=model_name or Path(artifact).resolve().name,
-        max_concurrency=max_concurrency,
-        max_queue=max_queue,
-        request_timeout_s=request_timeout_s,
-    )
-    app = Server(pipeline, config).app()
-    click.echo(f"serving {config.model_name} on http://{host}:{port}/v1", err=True)
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        log_level="warning",
-        timeout_graceful_shutdown=int(config.shutdown_grace_s),
-    )
-
-
-@main.command()
-@click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
-@click.option("--name", default="specx", show_default=True, help="The model's name in Triton.")
-@click.option("--instances", type=int, default=1, show_default=True, help="Model instances.")
-@click.option("--threads", type=int, default=None, help="Intra-op threads per instance.")
-@click.option(
-    "--python",
-    default=None,
-    help="The Python whose environment Triton's Python backend runs specx in (default: this "
-    "one; its version must match the backend stub's).",
-)
-@click.option("--force", is_flag=True, help="Replace an existing repository.")
-@debug_option
-@user_errors
-def triton(
-    artifact: Path,
-    output: Path,
-    name: str,
-    instances: int,
-    threads: int | None,
-    python: str | None,
-    force: bool,
-    debug: bool,
-) -> None:
-    """Write a Triton Inference Server model repository that serves ARTIFACT (Python backend,
-    decoupled: /v2/models/NAME/generate and generate_stream, gRPC streaming)."""
-    from specx.apps.triton.repository import python_environment, write_repository
-
-    model = write_repository(artifact, output, name, instances, threads, force, python)
-    env = python_environment(python)
-    click.echo(f"wrote {model}", err=True)
-    click.echo(
-        "start it with:\n"
-        f"  PATH={env.prefix}/bin:$PATH PYTHONPATH={':'.join(env.site_packages)} \\\n"
-        f"  tritonserver --model-repository {output.resolve()}",
-        err=True,
-    )
-
-
-@main.command(name="export")
-@click.option("--target", required=True, help="Target: HF folder, .gguf file, or hub id.")
-@click.option(
-    "--draft",
-    "drafts",
-    multiple=True,
-    help=_export_draft_help(),
-)
-@click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
-@click.option("--max-length", type=int, default=2048, show_default=True, help="Cache capacity.")
-@click.option("--check-k", type=int, default=4, show_default=True, help="K of the parity check.")
-@click.option("--force", is_flag=True, help="Replace an existing output folder (atomically).")
-@click.option("--opset", type=int, default=17, show_default=True)
-@click.option(
-    "--profile", default=None, help="Deployment profile: a name (specx profiles) or a TOML."
-)
-@click.option("--engines", is_flag=True, help="Also build TensorRT engines (GPU + TensorRT).")
-@click.option(
-    "--attention",
-    type=click.Choice(["auto", "gqa", "plain"]),
-    default="auto",
-    show_default=True,
-    help="gqa: ONNX Runtime's in-place attention; plain: standard ONNX (TensorRT).",
-)
-@debug_option
-@user_errors
-def export_cmd(
-    target: str,
-    drafts: tuple[str, ...],
-    output: Path,
-    max_length: int,
-    check_k: int,
-    force: bool,
-    opset: int,
-    profile: str | None,
-    engines: bool,
-    attention: str,
-    debug: bool,
-) -> None:
-    """Export a TARGET (and drafts) to an ONNX artifact folder, checked against the source."""
-    from specx.runtime.errors import ExportError
-
-    try:
-        from specx.exporter import ExportOptions, export_pair
-    except ImportError as e:
-        raise ExportError(
-            f"the exporter's dependencies are missing ({e.name})",
-            "pip install 'specx[export]' (install torch first: pip install torch==2.13.0)",
-        ) from e
-    options = ExportOptions(
-        max_length=max_length,
-        check_k=check_k,
-        opset=opset,
-        force=force,
-        profile=profile,
-        engines=engines,
-        attention=attention,
-    )
-    manifest = export_pair(
-        target, list(drafts), output, options, log=lambda m: click.echo(m, err=True)
-    )
-    click.echo(f"wrote {output} (export {manifest.pair_id})", err=True)
-
-
 @main.command()
 @click.argument("name", required=False)
 @debug_option
@@ -500,139 +265,8 @@ def profiles(name: str | None, debug: bool) -> None:
         )
 
 
-@main.command()
-@click.argument("artifact", type=click.Path(path_type=Path))
-@click.option(
-    "--profile", default=None, help="Profile (default: the one the artifact was exported with)."
-)
-@debug_option
-@user_errors
-def build(artifact: Path, profile: str | None, debug: bool) -> None:
-    """Build TensorRT engines for an exported ARTIFACT (on the GPU they will run on)."""
-    from specx.runtime.errors import ExportError
-
-    try:
-        from specx.exporter.engines import rebuild_engines
-    except ImportError as e:
-        raise ExportError(
-            f"building engines needs specx[export] ({e.name})", "pip install 'specx[export]'"
-        ) from e
-    rebuild_engines(artifact, profile, log=lambda m: click.echo(m, err=True))
-
-
-def _csv(text: str, kind: type = str, option: str = "") -> tuple[Any, ...]:
-    """A comma-separated option's values, each of `kind`."""
-    from specx.runtime.errors import InputError
-
-    try:
-        return tuple(kind(x) for x in text.split(",") if x.strip())
-    except ValueError as e:
-        raise InputError(
-            f"{option} takes comma-separated {kind.__name__} values, got {text!r}",
-            "e.g. --k 1,2,4 or --temperatures 0.7,1.0",
-        ) from e
-
-
-@main.command()
-@click.argument("artifact", type=click.Path(path_type=Path))
-@click.option("--workloads", default="chat,code,grounded", show_default=True)
-@click.option("--drafters", default=None, help="Comma list (default: every draft + ngram).")
-@click.option("--k", "ks", default="1,2,3,4,5,6,7,8", show_default=True, help="Fixed K values.")
-@click.option("--no-auto", is_flag=True, help="Skip -k auto.")
-@click.option("-n", "--max-new-tokens", type=int, default=64, show_default=True)
-@click.option("--prompts", "prompts_per_workload", type=int, default=3, show_default=True)
-@click.option("--repeats", type=int, default=3, show_default=True)
-@click.option("--temperatures", default="0.7,1.0", show_default=True, help="'' skips sampling.")
-@click.option("--peers", default="hf,genai", show_default=True, help="'' skips peers.")
-@click.option("--hf-source", default=None, help="Model for the transformers peer.")
-@click.option("--genai-python", default=None, help="Python of an onnxruntime-genai venv.")
-@click.option("--genai-models", default=None, help="Folder from scripts/setup_genai.sh.")
-@click.option("--threads", type=int, default=None)
-@click.option("--quick", is_flag=True, help="1 prompt per workload, K 1-4, 2 repeats, no peers.")
-@click.option("-o", "--out", type=click.Path(path_type=Path), default=None)
-@click.option(
-    "--from-json",
-    "from_json",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Re-render the table and plot of an earlier results.json (runs nothing).",
-)
-@debug_option
-@user_errors
-def bench(
-    artifact: Path,
-    workloads: str,
-    drafters: str | None,
-    ks: str,
-    no_auto: bool,
-    max_new_tokens: int,
-    prompts_per_workload: int,
-    repeats: int,
-    temperatures: str,
-    peers: str,
-    hf_source: str | None,
-    genai_python: str | None,
-    genai_models: str | None,
-    threads: int | None,
-    quick: bool,
-    out: Path | None,
-    from_json: Path | None,
-    debug: bool,
-) -> None:
-    """Benchmark ARTIFACT: target alone vs every drafter and K, costs, peers; table+JSON+PNG."""
-    import time
-
-    from specx.apps.bench import (
-        BenchConfig,
-        add_predictions,
-        format_report,
-        plot,
-        run_bench,
-        stderr_progress,
-    )
-
-    if from_json is not None:
-        results = json.loads(from_json.read_text())
-        add_predictions(results)
-        folder = out or from_json.parent
-        report = format_report(results)
-        (folder / "report.txt").write_text(report + "\n")
-        (folder / "results.json").write_text(json.dumps(results, indent=1))
-        click.echo(report)
-        plot(results, folder / "speedup.png")
-        return
-
-    config = BenchConfig(
-        artifact=artifact,
-        workloads=_csv(workloads),
-        drafters=_csv(drafters) if drafters else None,
-        ks=(1, 2, 3, 4) if quick else _csv(ks, int, "--k"),
-        auto=not no_auto,
-        max_new_tokens=max_new_tokens,
-        prompts_per_workload=1 if quick else prompts_per_workload,
-        repeats=2 if quick else repeats,
-        temperatures=() if quick else _csv(temperatures, float, "--temperatures"),
-        peers=() if quick else _csv(peers),
-        hf_source=hf_source,
-        genai_python=genai_python,
-        genai_models=genai_models,
-        threads=threads,
-    )
-    _thread_pool(threads)
-    results = run_bench(config, stderr_progress)
-    click.echo("", err=True)
-    folder = out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "results.json").write_text(json.dumps(results, indent=1))
-    report = format_report(results)
-    (folder / "report.txt").write_text(report + "\n")
-    click.echo(report)
-    png = plot(results, folder / "speedup.png")
-    click.echo(
-        f"\nwrote {folder / 'results.json'}, {folder / 'report.txt'}"
-        + (f", {png}" if png else " (no matplotlib: no plot)"),
-        err=True,
-    )
+for command in (export_cmd, build, bench, serve, triton):
+    main.add_command(command)
 
 
 if __name__ == "__main__":  # pragma: no cover

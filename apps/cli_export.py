@@ -1,0 +1,102 @@
+"""`specx export` and `specx build`: they import the exporter (torch, transformers) inside the
+command, so that nothing else loads it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from specx.apps.cli_common import debug_option, user_errors
+from specx.runtime.drafters.registry import KINDS
+
+
+def _export_draft_help() -> str:
+    kinds = "; ".join(
+        f"{k.keyword or 'PATH'}: {k.summary}" for k in KINDS.values() if k.name != "self"
+    )
+    return f"Draft (repeatable; the first is the default). {kinds}."
+
+
+@click.command(name="export")
+@click.option("--target", required=True, help="Target: HF folder, .gguf file, or hub id.")
+@click.option(
+    "--draft",
+    "drafts",
+    multiple=True,
+    help=_export_draft_help(),
+)
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
+@click.option("--max-length", type=int, default=2048, show_default=True, help="Cache capacity.")
+@click.option("--check-k", type=int, default=4, show_default=True, help="K of the parity check.")
+@click.option("--force", is_flag=True, help="Replace an existing output folder (atomically).")
+@click.option("--opset", type=int, default=17, show_default=True)
+@click.option(
+    "--profile", default=None, help="Deployment profile: a name (specx profiles) or a TOML."
+)
+@click.option("--engines", is_flag=True, help="Also build TensorRT engines (GPU + TensorRT).")
+@click.option(
+    "--attention",
+    type=click.Choice(["auto", "gqa", "plain"]),
+    default="auto",
+    show_default=True,
+    help="gqa: ONNX Runtime's in-place attention; plain: standard ONNX (TensorRT).",
+)
+@debug_option
+@user_errors
+def export_cmd(
+    target: str,
+    drafts: tuple[str, ...],
+    output: Path,
+    max_length: int,
+    check_k: int,
+    force: bool,
+    opset: int,
+    profile: str | None,
+    engines: bool,
+    attention: str,
+    debug: bool,
+) -> None:
+    """Export a TARGET (and drafts) to an ONNX artifact folder, checked against the source."""
+    from specx.runtime.errors import ExportError
+
+    try:
+        from specx.exporter import ExportOptions, export_pair
+    except ImportError as e:
+        raise ExportError(
+            f"the exporter's dependencies are missing ({e.name})",
+            "pip install 'specx[export]' (install torch first: pip install torch==2.13.0)",
+        ) from e
+    options = ExportOptions(
+        max_length=max_length,
+        check_k=check_k,
+        opset=opset,
+        force=force,
+        profile=profile,
+        engines=engines,
+        attention=attention,
+    )
+    manifest = export_pair(
+        target, list(drafts), output, options, log=lambda m: click.echo(m, err=True)
+    )
+    click.echo(f"wrote {output} (export {manifest.pair_id})", err=True)
+
+
+@click.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option(
+    "--profile", default=None, help="Profile (default: the one the artifact was exported with)."
+)
+@debug_option
+@user_errors
+def build(artifact: Path, profile: str | None, debug: bool) -> None:
+    """Build TensorRT engines for an exported ARTIFACT (on the GPU they will run on)."""
+    from specx.runtime.errors import ExportError
+
+    try:
+        from specx.exporter.engines import rebuild_engines
+    except ImportError as e:
+        raise ExportError(
+            f"building engines needs specx[export] ({e.name})", "pip install 'specx[export]'"
+        ) from e
+    rebuild_engines(artifact, profile, log=lambda m: click.echo(m, err=True))
