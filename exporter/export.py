@@ -27,10 +27,11 @@ from .check import check_parity
 from .drafts import DraftEntry, default_drafter, resolve_drafts
 from .engines import build_engines
 from .load import SourceModel, chat_template, check_pair, load_source, special_tokens
-from .onnx_export import export_graph, model_dims
+from .onnx_export import export_graph
 from .plan import plan_pair
 from .quantize import CALIBRATION_TEXT, derive_quantized_draft
 from .staging import StagedFolder
+from .wrap import gqa_unsupported
 
 MIN_OPSET, MAX_OPSET = 14, 20
 
@@ -161,12 +162,9 @@ def _export_into(
     def export_one(src: SourceModel, role: str, graph: str) -> ModelSpec:
         t0 = time.perf_counter()
         attention = options.attention
-        dims = model_dims(src)
-        if attention == "gqa" and dims["head_dim"] % 16:
-            log(
-                f"  {role}: head_dim {dims['head_dim']} is not a multiple of 16, which "
-                "GroupQueryAttention needs; exporting plain attention"
-            )
+        why = gqa_unsupported(src.model) if attention == "gqa" else None
+        if why:
+            log(f"  {role}: {why}, which GroupQueryAttention needs; exporting plain attention")
             attention = "plain"
         spec = export_graph(
             src,

@@ -38,10 +38,12 @@ def model_dims(src: SourceModel) -> dict[str, int]:
         }
     heads = cfg.num_attention_heads
     max_positions = int(cfg.max_position_embeddings)
-    window = getattr(cfg, "sliding_window", None)
-    uses_window = getattr(cfg, "use_sliding_window", src.model_type == "mistral")
-    if window and uses_window:
-        max_positions = min(max_positions, int(window))  # exact only within the window
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type")) == "longrope":
+        # LongRoPE switches every position's frequencies once a sequence outgrows the original
+        # context, which a cache of already-rotated keys cannot follow: exact up to there.
+        original = getattr(cfg, "original_max_position_embeddings", None) or max_positions
+        max_positions = min(max_positions, int(original))
     return {
         "num_layers": cfg.num_hidden_layers,
         "num_heads": heads,

@@ -14,6 +14,7 @@ of the contract's two variants (see runtime/contract.py):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,9 +23,15 @@ from torch.nn import functional as F
 
 # model_type -> wrapper family; anything else is refused with this list.
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "llama": "llama",
-    "mistral": "llama",
-    "qwen2": "llama",
+    "llama": "decoder",
+    "mistral": "decoder",
+    "qwen2": "decoder",
+    "qwen3": "decoder",
+    "gemma3_text": "decoder",
+    "phi3": "decoder",
+    "smollm3": "decoder",
+    "granite": "decoder",
+    "olmo2": "decoder",
     "gpt2": "gpt2",
 }
 
@@ -53,13 +60,16 @@ def reshape(x: torch.Tensor, *shape: int) -> torch.Tensor:
 
 
 def attention_bias(
-    position_ids: torch.Tensor, total_len: Any, dtype: Any, groups: int
+    position_ids: torch.Tensor, total_len: Any, dtype: Any, groups: int, window: int | None = None
 ) -> torch.Tensor:
     """Additive mask [batch, 1, groups * seq, past_len + seq]: key j is visible to a query at
-    position p iff j <= p (past keys sit at positions 0..past_len-1, new keys follow). Tiled
-    `groups` times along the query axis to match `grouped_attention`'s folded layout."""
+    position p iff j <= p, and with a sliding window also p - window < j (past keys sit at
+    positions 0..past_len-1, new keys follow). Tiled `groups` times along the query axis to match
+    `grouped_attention`'s folded layout."""
     key_positions = torch.arange(total_len, device=position_ids.device)  # [total]
     visible = key_positions[None, None, :] <= position_ids[:, :, None]  # [batch, seq, total]
+    if window is not None:
+        visible = visible & (key_positions[None, None, :] > position_ids[:, :, None] - window)
     blocked = torch.full((), torch.finfo(dtype).min, dtype=dtype)
     zero = torch.zeros((), dtype=dtype)
     bias = torch.where(visible, zero, blocked)[:, None, :, :]  # [batch, 1, seq, total]
@@ -122,6 +132,7 @@ class _GroupQueryAttention(torch.autograd.Function):
         heads: int,
         kv_heads: int,
         scale: float,
+        window: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return torch.zeros_like(query), past_key.clone(), past_value.clone()
 
@@ -140,6 +151,7 @@ class _GroupQueryAttention(torch.autograd.Function):
         heads,
         kv_heads,
         scale,
+        window,
     ):
         inputs = [query, key, value, past_key, past_value, seqlens_k, total_length]
         rotary = cos_cache is not None
@@ -154,6 +166,7 @@ class _GroupQueryAttention(torch.autograd.Function):
             scale_f=scale,
             do_rotary_i=int(rotary),
             rotary_interleaved_i=0,
+            local_window_size_i=window,
         )
         out.setType(query.type())
         present_key.setType(past_key.type())
@@ -173,21 +186,16 @@ def gqa_attention(
     heads: int,
     kv_heads: int,
     scale: float,
+    window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """window: keys a query sees (its own included), None for all. GroupQueryAttention's
+    local_window_size takes the same number (-1: no window): measured against transformers'
+    sliding-window mask by the parity check, window - 1 and window + 1 both disagree."""
     cos, sin = rotary if rotary is not None else (None, None)
+    local = -1 if window is None else window
     return _GroupQueryAttention.apply(
-        q, k, v, past_k, past_v, seqlens_k, total, cos, sin, heads, kv_heads, scale
+        q, k, v, past_k, past_v, seqlens_k, total, cos, sin, heads, kv_heads, scale, local
     )
-
-
-def rotary_caches(model: Any, max_length: int, dtype: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin for positions 0..max_length-1, [max_length, head_dim / 2], from the model's own
-    rotary embedding (so rope scaling and attention_scaling are those of the loaded model)."""
-    positions = torch.arange(max_length)[None]  # [1, max_length]
-    probe = torch.zeros(1, dtype=dtype)
-    cos, sin = model.model.rotary_emb(probe, positions)  # [1, max_length, head_dim]
-    half = cos.shape[-1] // 2
-    return cos[0, :, :half].contiguous(), sin[0, :, :half].contiguous()
 
 
 def _conv1d(x: torch.Tensor, conv: Any) -> torch.Tensor:
@@ -200,90 +208,225 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-class LlamaFamilyGraph(nn.Module):
-    """Llama, Mistral, Qwen2: RMSNorm, rotary embeddings, (grouped) attention, gated MLP."""
+@dataclass(frozen=True)
+class LayerPlan:
+    """What differs between the layers of one model."""
+
+    rope: str | None  # which rotary table ("default", or a layer type for Gemma 3); None: NoPE
+    window: int | None  # sliding window (keys attended, the query's own included) or None
+
+
+def layer_plans(model: Any) -> list[LayerPlan]:
+    """Per layer: its rotary table and its attention window, read from the loaded modules."""
+    cfg = model.config
+    plans = []
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        if hasattr(attn, "sliding_window"):  # per layer (Qwen2/3, Gemma 3, SmolLM3)
+            window = attn.sliding_window
+        else:  # one window for every layer, or none (Mistral, Phi-3; Llama has none)
+            window = getattr(cfg, "sliding_window", None)
+        if not getattr(attn, "use_rope", True):  # SmolLM3's NoPE layers
+            rope = None
+        elif getattr(attn, "layer_type", None) and cfg.model_type.startswith("gemma3"):
+            rope = str(attn.layer_type)  # Gemma 3: local and global rotary per layer type
+        else:
+            rope = "default"
+        plans.append(LayerPlan(rope, int(window) if window else None))
+    return plans
+
+
+def rotary(model: Any, kind: str, x: torch.Tensor, positions: torch.Tensor) -> Any:
+    """cos, sin [batch, seq, rotary_dim] of one rotary table, from the model's own module (so
+    scaling, partial rotary and per-layer-type bases are those of the loaded model)."""
+    if kind == "default":
+        return model.model.rotary_emb(x, positions)
+    return model.model.rotary_emb(x, positions, kind)
+
+
+def rotary_caches(
+    model: Any, kind: str, max_length: int, dtype: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin for positions 0..max_length-1, [max_length, rotary_dim / 2] (GroupQueryAttention's
+    tables: it rotates the first rotary_dim dims of each head)."""
+    positions = torch.arange(max_length)[None]  # [1, max_length]
+    cos, sin = rotary(model, kind, torch.zeros(1, dtype=dtype), positions)
+    half = cos.shape[-1] // 2
+    return cos[0, :, :half].contiguous(), sin[0, :, :half].contiguous()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first cos.shape[-1] dims of each head (all of them, or a part: Phi-4-mini)."""
+    dims = cos.shape[-1]
+    if dims == x.shape[-1]:
+        return x * cos + _rotate_half(x) * sin
+    head, rest = x[..., :dims], x[..., dims:]
+    return torch.cat([head * cos + _rotate_half(head) * sin, rest], dim=-1)
+
+
+class DecoderGraph(nn.Module):
+    """The Llama lineage: Llama, Mistral, Qwen2/3, Gemma 3, Phi-3/4, SmolLM3, Granite, OLMo2.
+
+    One module reads what differs from the loaded model: separate or fused (qkv_proj) projections,
+    RMS norms on queries and keys (per head, or over the whole projection), where the layer norms
+    sit (before each block, after it, or both), per-layer rotary tables and sliding windows,
+    layers without rotary embeddings, and the scalar multipliers and soft-caps some families add.
+    """
 
     def __init__(self, model: Any, attention: str = "plain", max_length: int = 0) -> None:
         super().__init__()
         cfg = model.config
+        self.source = model
         self.model = model.model
         self.lm_head = model.lm_head
         self.attention = attention
         self.num_heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.plans = layer_plans(model)
+        self.embedding_multiplier = float(getattr(cfg, "embedding_multiplier", 1.0) or 1.0)
+        self.residual_multiplier = float(getattr(cfg, "residual_multiplier", 1.0) or 1.0)
+        self.logits_scaling = float(getattr(cfg, "logits_scaling", 1.0) or 1.0)
+        self.final_softcap = getattr(cfg, "final_logit_softcapping", None)
+        layer = self.model.layers[0]
+        self.fused_qkv = hasattr(layer.self_attn, "qkv_proj")
+        self.sandwich = hasattr(layer, "pre_feedforward_layernorm")  # Gemma: norm before and after
+        self.post_norm = not hasattr(layer, "input_layernorm")  # OLMo2: norm after each block
         if attention == "gqa":
             dtype = next(model.parameters()).dtype
-            cos, sin = rotary_caches(model, max_length, dtype)
-            self.register_buffer("cos_cache", cos, persistent=False)
-            self.register_buffer("sin_cache", sin, persistent=False)
+            for kind in sorted({p.rope for p in self.plans if p.rope is not None}):
+                cos, sin = rotary_caches(model, kind, max_length, dtype)
+                self.register_buffer(f"cos_{kind}", cos, persistent=False)
+                self.register_buffer(f"sin_{kind}", sin, persistent=False)
 
     def forward(self, input_ids: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if self.attention == "gqa":
-            return self._forward_gqa(input_ids, *rest)
-        return self._forward_plain(input_ids, rest[0], *rest[1:])
-
-    def _forward_plain(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, *past: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
-        seq = input_ids.shape[1]
         hidden = self.model.embed_tokens(input_ids)  # [batch, seq, hidden]
-        cos, sin = self.model.rotary_emb(hidden, position_ids)  # [batch, seq, head_dim]
-        cos_k, sin_k = cos[:, :, None], sin[:, :, None]  # for [batch, seq, heads, head_dim]
-        cos, sin = cos[:, None], sin[:, None]  # for [batch, heads, seq, head_dim]
-        total = past[0].shape[1] + seq
-        groups = self.num_heads // self.kv_heads
-        bias = attention_bias(position_ids, total, hidden.dtype, groups)
-        heads, kv, dim = self.num_heads, self.kv_heads, self.head_dim
-        new_kv: list[torch.Tensor] = []
-        for i, layer in enumerate(self.model.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(hidden)
-            q = reshape(attn.q_proj(x), 0, -1, heads, dim).transpose(1, 2)  # [b, heads, s, d]
-            k = reshape(attn.k_proj(x), 0, -1, kv, dim)  # [batch, seq, kv_heads, head_dim]
-            v = reshape(attn.v_proj(x), 0, -1, kv, dim)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos_k + _rotate_half(k) * sin_k  # rotated in the cache layout
-            new_kv += [k, v]
-            keys = torch.cat([past[2 * i], k], dim=1)  # [batch, total, kv_heads, head_dim]
-            values = torch.cat([past[2 * i + 1], v], dim=1)
-            out = grouped_attention(q, keys, values, bias, attn.scaling, heads, kv, dim)
-            hidden = hidden + attn.o_proj(out)
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        hidden = self.model.norm(hidden)
-        return (lm_head_logits(hidden, self.lm_head), *new_kv)
+        if self.embedding_multiplier != 1.0:
+            hidden = hidden * self.embedding_multiplier
+        if self.attention == "gqa":
+            hidden, kv = self._layers_gqa(hidden, rest[0], rest[1], rest[2:])
+        else:
+            hidden, kv = self._layers_plain(hidden, rest[0], rest[1:])
+        logits = lm_head_logits(self.model.norm(hidden), self.lm_head)  # [batch, seq, vocab]
+        if self.logits_scaling != 1.0:
+            logits = logits / self.logits_scaling
+        if self.final_softcap:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return (logits, *kv)
 
-    def _forward_gqa(
+    def _qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys, values [batch, seq, heads * head_dim] (normed where the model norms)."""
+        heads, kv, dim = self.num_heads, self.kv_heads, self.head_dim
+        if self.fused_qkv:
+            q, k, v = attn.qkv_proj(x).split([heads * dim, kv * dim, kv * dim], dim=-1)
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        if q_norm is not None and k_norm is not None:
+            if q_norm.weight.shape[0] == dim:  # per head (Qwen3, Gemma 3)
+                q = reshape(q_norm(reshape(q, 0, -1, heads, dim)), 0, -1, heads * dim)
+                k = reshape(k_norm(reshape(k, 0, -1, kv, dim)), 0, -1, kv * dim)
+            else:  # over the whole projection (OLMo2)
+                q, k = q_norm(q), k_norm(k)
+        return q, k, v
+
+    def _block(self, layer: Any, hidden: torch.Tensor, attend: Any) -> torch.Tensor:
+        """One layer around its attention (`attend(x) -> [batch, seq, hidden]` after o_proj)."""
+        scale = self.residual_multiplier
+        x = hidden if self.post_norm else layer.input_layernorm(hidden)
+        out = attend(x)
+        if self.post_norm or self.sandwich:
+            out = layer.post_attention_layernorm(out)
+        hidden = hidden + out * scale if scale != 1.0 else hidden + out
+        if self.sandwich:
+            y = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
+        elif self.post_norm:
+            y = layer.post_feedforward_layernorm(layer.mlp(hidden))
+        else:
+            y = layer.mlp(layer.post_attention_layernorm(hidden))
+        return hidden + y * scale if scale != 1.0 else hidden + y
+
+    def _layers_plain(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, past: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        heads, kv, dim = self.num_heads, self.kv_heads, self.head_dim
+        total = past[0].shape[1] + hidden.shape[1]
+        groups = heads // kv
+        tables = {
+            kind: rotary(self.source, kind, hidden, position_ids)  # [batch, seq, rotary_dim]
+            for kind in {p.rope for p in self.plans if p.rope is not None}
+        }
+        biases = {
+            w: attention_bias(position_ids, total, hidden.dtype, groups, w)
+            for w in {p.window for p in self.plans}
+        }
+        new_kv: list[torch.Tensor] = []
+        for i, (layer, plan) in enumerate(zip(self.model.layers, self.plans, strict=True)):
+            attn = layer.self_attn
+
+            def attend(
+                x: torch.Tensor, attn: Any = attn, plan: LayerPlan = plan, i: int = i
+            ) -> Any:
+                q, k, v = self._qkv(attn, x)
+                q = reshape(q, 0, -1, heads, dim).transpose(1, 2)  # [batch, heads, seq, dim]
+                k = reshape(k, 0, -1, kv, dim)  # [batch, seq, kv_heads, head_dim]
+                v = reshape(v, 0, -1, kv, dim)
+                if plan.rope is not None:
+                    cos, sin = tables[plan.rope]
+                    q = apply_rotary(q, cos[:, None], sin[:, None])
+                    k = apply_rotary(k, cos[:, :, None], sin[:, :, None])  # the cache layout
+                new_kv.extend([k, v])
+                keys = torch.cat([past[2 * i], k], dim=1)  # [batch, total, kv_heads, head_dim]
+                values = torch.cat([past[2 * i + 1], v], dim=1)
+                out = grouped_attention(
+                    q, keys, values, biases[plan.window], attn.scaling, heads, kv, dim
+                )
+                return attn.o_proj(out)
+
+            hidden = self._block(layer, hidden, attend)
+        return hidden, new_kv
+
+    def _layers_gqa(
         self,
-        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
         seqlens_k: torch.Tensor,
         total: torch.Tensor,
-        *past: torch.Tensor,
-    ) -> tuple[torch.Tensor, ...]:
-        hidden = self.model.embed_tokens(input_ids)  # [batch, seq, hidden]
-        rotary: tuple[torch.Tensor, torch.Tensor] = (self.cos_cache, self.sin_cache)  # type: ignore[assignment]
+        past: tuple[torch.Tensor, ...],
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         present: list[torch.Tensor] = []
-        for i, layer in enumerate(self.model.layers):
+        for i, (layer, plan) in enumerate(zip(self.model.layers, self.plans, strict=True)):
             attn = layer.self_attn
-            x = layer.input_layernorm(hidden)
-            out, k, v = gqa_attention(
-                attn.q_proj(x),
-                attn.k_proj(x),
-                attn.v_proj(x),
-                past[2 * i],
-                past[2 * i + 1],
-                seqlens_k,
-                total,
-                rotary,
-                self.num_heads,
-                self.kv_heads,
-                float(attn.scaling),
-            )
-            present += [k, v]
-            hidden = hidden + attn.o_proj(out)
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        hidden = self.model.norm(hidden)
-        return (lm_head_logits(hidden, self.lm_head), *present)
+            tables = None
+            if plan.rope is not None:
+                tables = (getattr(self, f"cos_{plan.rope}"), getattr(self, f"sin_{plan.rope}"))
+
+            def attend(
+                x: torch.Tensor,
+                attn: Any = attn,
+                plan: LayerPlan = plan,
+                i: int = i,
+                tables: Any = tables,
+            ) -> Any:
+                q, k, v = self._qkv(attn, x)
+                out, new_k, new_v = gqa_attention(
+                    q,
+                    k,
+                    v,
+                    past[2 * i],
+                    past[2 * i + 1],
+                    seqlens_k,
+                    total,
+                    tables,
+                    self.num_heads,
+                    self.kv_heads,
+                    float(attn.scaling),
+                    plan.window,
+                )
+                present.extend([new_k, new_v])
+                return attn.o_proj(out)
+
+            hidden = self._block(layer, hidden, attend)
+        return hidden, present
 
 
 class GPT2Graph(nn.Module):
@@ -356,9 +499,27 @@ class GPT2Graph(nn.Module):
 
 def make_graph_module(model: Any, attention: str = "plain", max_length: int = 0) -> nn.Module:
     family = SUPPORTED_ARCHITECTURES[model.config.model_type]
-    cls = LlamaFamilyGraph if family == "llama" else GPT2Graph
+    cls = DecoderGraph if family == "decoder" else GPT2Graph
     module: nn.Module = cls(model, attention, max_length)
     return module.eval()
+
+
+def gqa_unsupported(model: Any) -> str | None:
+    """Why GroupQueryAttention cannot run this model's attention (None: it can). The op needs
+    head_dim a multiple of 16 and each rotary table's half width a multiple of 8."""
+    if SUPPORTED_ARCHITECTURES[model.config.model_type] != "decoder":
+        return None
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    if head_dim % 16:
+        return f"head_dim {head_dim} is not a multiple of 16"
+    dtype = next(model.parameters()).dtype
+    for kind in sorted({p.rope for p in layer_plans(model) if p.rope is not None}):
+        half = rotary_caches(model, kind, 1, dtype)[0].shape[-1]
+        if half % 8:
+            return f"its rotary embedding turns {2 * half} of {head_dim} dims, not a multiple of 16"
+    return None
 
 
 def uses_position_ids(model: Any, attention: str) -> bool:

