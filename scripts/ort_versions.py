@@ -64,12 +64,17 @@ def build(root: Path) -> dict[str, tuple[Path, str, int]]:
     export_pair(
         str(src), [], root / "plain", ExportOptions(max_length=128, attention="plain"), log=quiet
     )
+    gemma = tiny_models.build_model("gemma3", tok.get_vocab_size(), 1)  # windows of 5 positions
+    gsrc = tiny_models.save(gemma, tok, root / "g")
+    window = ExportOptions(max_length=128)
+    export_pair(str(gsrc), [f"self={gsrc}"], root / "window", window, log=quiet)
     return {
         "gqa fp32 target": (root / "gqa", "none", 0),
         "gqa verify passes (K=3)": (root / "gqa", "self", 3),
         "int8 draft": (root / "gqa", "int8", 3),
         "int4 draft": (root / "gqa", "int4", 3),
         "plain fp32 target": (root / "plain", "none", 0),
+        "gqa sliding windows, verify (K=3)": (root / "window", "self", 3),
     }
 
 
