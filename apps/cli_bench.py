@@ -40,6 +40,11 @@ def _csv(text: str, kind: type = str, option: str = "") -> tuple[Any, ...]:
 @click.option("--genai-models", default=None, help="Folder from scripts/setup_genai.sh.")
 @click.option("--threads", type=int, default=None)
 @click.option("--quick", is_flag=True, help="1 prompt per workload, K 1-4, 2 repeats, no peers.")
+@click.option(
+    "--concurrency",
+    default=None,
+    help="Request counts, e.g. 1,2,4,8: the batched benchmark instead (needs export --batched).",
+)
 @click.option("-o", "--out", type=click.Path(path_type=Path), default=None)
 @click.option(
     "--from-json",
@@ -66,6 +71,7 @@ def bench(
     genai_models: str | None,
     threads: int | None,
     quick: bool,
+    concurrency: str | None,
     out: Path | None,
     from_json: Path | None,
     debug: bool,
@@ -110,6 +116,9 @@ def bench(
         threads=threads,
     )
     thread_pool(threads)
+    if concurrency:
+        _concurrency(config, _csv(concurrency, int, "--concurrency"), out)
+        return
     results = run_bench(config, stderr_progress)
     click.echo("", err=True)
     folder = out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
@@ -124,3 +133,25 @@ def bench(
         + (f", {png}" if png else " (no matplotlib: no plot)"),
         err=True,
     )
+
+
+def _concurrency(config: Any, levels: tuple[int, ...], out: Path | None) -> None:
+    import time
+
+    from specx.apps.bench import stderr_progress
+    from specx.apps.bench.concurrency import (
+        format_concurrency,
+        plot_concurrency,
+        run_concurrency_bench,
+    )
+
+    results = run_concurrency_bench(config, levels, stderr_progress)
+    click.echo("", err=True)
+    folder = out or Path("bench-results") / time.strftime("concurrency-%Y%m%d-%H%M%S")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "concurrency.json").write_text(json.dumps(results, indent=1))
+    report = format_concurrency(results)
+    (folder / "concurrency.txt").write_text(report + "\n")
+    click.echo(report)
+    png = plot_concurrency(results, folder / "concurrency.png")
+    click.echo(f"\nwrote {folder / 'concurrency.json'}" + (f", {png}" if png else ""), err=True)

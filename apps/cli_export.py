@@ -42,6 +42,11 @@ def _export_draft_help() -> str:
     show_default=True,
     help="gqa: ONNX Runtime's in-place attention; plain: standard ONNX (TensorRT).",
 )
+@click.option(
+    "--batched",
+    is_flag=True,
+    help="Also export the target as a batched graph (several sequences per pass, for serving).",
+)
 @debug_option
 @user_errors
 def export_cmd(
@@ -55,6 +60,7 @@ def export_cmd(
     profile: str | None,
     engines: bool,
     attention: str,
+    batched: bool,
     debug: bool,
 ) -> None:
     """Export a TARGET (and drafts) to an ONNX artifact folder, checked against the source."""
@@ -75,6 +81,7 @@ def export_cmd(
         profile=profile,
         engines=engines,
         attention=attention,
+        batched=batched,
     )
     manifest = export_pair(
         target, list(drafts), output, options, log=lambda m: click.echo(m, err=True)

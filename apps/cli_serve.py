@@ -34,6 +34,20 @@ from specx.apps.cli_common import (
     help="Seconds a request may take (waiting included).",
 )
 @click.option("--model-name", default=None, help="The model id clients ask for (default: folder).")
+@click.option(
+    "--batch",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Sequences sharing each target pass (0: each generation alone). Needs export --batched.",
+)
+@click.option(
+    "--batch-context",
+    type=int,
+    default=None,
+    help="Positions of a batch row (default: the context, at most 1024); longer requests run "
+    "alone.",
+)
 @provider_option
 @threads_option
 @debug_option
@@ -46,6 +60,8 @@ def serve(
     max_queue: int,
     request_timeout_s: float,
     model_name: str | None,
+    batch: int,
+    batch_context: int | None,
     providers: tuple[str, ...],
     threads: int | None,
     debug: bool,
@@ -70,8 +86,16 @@ def serve(
             "--max-concurrency must be >= 1, --max-queue >= 0 and --timeout > 0",
             f"got {max_concurrency}, {max_queue}, {request_timeout_s}",
         )
+    if batch < 0 or (batch and max_concurrency < batch):
+        raise InputError(
+            f"--batch must be >= 0 and at most --max-concurrency, got {batch} and "
+            f"{max_concurrency}",
+            f"e.g. --batch 4 --max-concurrency {max(4, max_concurrency)}",
+        )
     thread_pool(threads)
     pipeline = Pipeline.load(artifact, providers=providers or None, threads=threads)
+    if batch:
+        pipeline.enable_batching(batch, batch_context)
     config = ServeConfig(
         model_name=model_name or Path(artifact).resolve().name,
         max_concurrency=max_concurrency,

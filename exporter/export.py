@@ -23,7 +23,7 @@ from specx.runtime.contract import Manifest, ModelSpec
 from specx.runtime.drafters import registry
 from specx.runtime.errors import ExportError
 
-from .check import check_parity
+from .check import check_batch_parity, check_parity
 from .drafts import DraftEntry, default_drafter, resolve_drafts
 from .engines import build_engines
 from .load import SourceModel, chat_template, check_pair, load_source, special_tokens
@@ -34,6 +34,7 @@ from .staging import StagedFolder
 from .wrap import gqa_unsupported
 
 MIN_OPSET, MAX_OPSET = 14, 20
+BATCHED_GRAPH = "target.batched.onnx"
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class ExportOptions:
     # copy); "plain": standard ONNX ops only (what TensorRT parses); "auto": plain for profiles
     # that build TensorRT engines, gqa otherwise.
     attention: str = "auto"
+    # Also export the target as a "batched" graph (target.batched.onnx): several sequences at
+    # their own lengths per pass, for batched serving (runtime/batching.py).
+    batched: bool = False
 
 
 def _versions() -> dict[str, str]:
@@ -159,9 +163,10 @@ def _export_into(
     steps = 1 + len(drafts)
     timings: dict[str, float] = {}
 
-    def export_one(src: SourceModel, role: str, graph: str) -> ModelSpec:
+    def export_one(
+        src: SourceModel, role: str, graph: str, attention: str = options.attention
+    ) -> ModelSpec:
         t0 = time.perf_counter()
-        attention = options.attention
         why = gqa_unsupported(src.model) if attention == "gqa" else None
         if why:
             log(f"  {role}: {why}, which GroupQueryAttention needs; exporting plain attention")
@@ -188,6 +193,16 @@ def _export_into(
     tsrc = load_source(target, log)
     timings["target_load_s"] = tsrc.load_s
     target_spec = export_one(tsrc, "target", "target.onnx")
+    batched_spec = None
+    if options.batched:
+        log("  target: the batched graph (several sequences per pass)")
+        batched_spec = export_one(tsrc, "target", BATCHED_GRAPH, "batched")
+        batched_spec = dataclasses.replace(
+            batched_spec,
+            name="batched",
+            parity=check_batch_parity(tsrc, folder, batched_spec, log)
+            | {"single": batched_spec.parity},
+        )
     tokenizer_size = len(tsrc.tokenizer)
     tsrc.tokenizer.backend_tokenizer.save(str(folder / contract.TOKENIZER_FILE))
     special = special_tokens(tsrc)
@@ -231,6 +246,7 @@ def _export_into(
         exporter=_exporter_info(options, timings),
         default_drafter=default_drafter(drafts),
         profile=profile.to_json() if profile else None,
+        batched=batched_spec,
     )
     manifest.write(folder)
     log(f"done in {timings['total_s']:.1f} s")

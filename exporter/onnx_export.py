@@ -18,7 +18,7 @@ from specx.runtime.contract import ModelSpec
 from specx.runtime.errors import ExportError
 
 from .load import Log, SourceModel, model_vocab_size
-from .wrap import make_graph_module, uses_position_ids
+from .wrap import LATER_OPSET, LATER_OPSET_DOMAIN, make_graph_module, uses_position_ids
 
 # Graphs larger than this keep their weights in a side file (protobuf's 2 GB limit).
 EXTERNAL_DATA_BYTES = 1_800_000_000
@@ -63,6 +63,27 @@ def _dynamic_axes(
         for t in (*inputs, *outputs)
         if any(isinstance(d, str) for d in t.shape)
     }
+
+
+# The batched graph's opset-24 operators are traced at this opset (the newest the TorchScript
+# exporter writes; from 18 on, the graph's other operators read the same at 24).
+BATCHED_TRACE_OPSET = 20
+
+
+CUSTOM_OPSETS = {"gqa": {"com.microsoft": 1}, "batched": {LATER_OPSET_DOMAIN: 1}}
+
+
+def raise_opset(model: Any) -> None:
+    """Move operators traced in the placeholder domain to the default one, at opset 24."""
+    for node in model.graph.node:
+        if node.domain == LATER_OPSET_DOMAIN:
+            node.domain = ""
+    imports = [o for o in model.opset_import if o.domain != LATER_OPSET_DOMAIN]
+    del model.opset_import[:]
+    for entry in imports:
+        if entry.domain in ("", "ai.onnx"):
+            entry.version = LATER_OPSET
+        model.opset_import.append(entry)
 
 
 def tie_lm_head(model: Any) -> bool:
@@ -149,7 +170,8 @@ def export_graph(
 
     precision "fp16": weights, activations and caches in float16 (a half copy of the model is
     traced; the source model stays float32 for the parity reference); logits stay float32.
-    attention "plain" (standard ONNX, for TensorRT) or "gqa" (ONNX Runtime's in-place attention).
+    attention "plain" (standard ONNX, for TensorRT), "gqa" (ONNX Runtime's in-place attention) or
+    "batched" (several sequences at their own lengths per pass).
     """
     import copy
 
@@ -179,6 +201,12 @@ def export_graph(
     if attention == "gqa":
         args += [torch.tensor([4], dtype=torch.int32), torch.tensor(5, dtype=torch.int32)]
         cache_shape = (1, kv, 8, hd)  # full buffers of 8 positions, 5 of them valid
+    elif attention == "batched":  # two rows at lengths 2 and 4
+        args = [torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.long)]
+        args.append(torch.tensor([[2, 3, 4], [4, 5, 6]], dtype=torch.long))
+        args.append(torch.tensor([2, 4], dtype=torch.long))
+        cache_shape = (2, kv, 8, hd)
+        opset = max(opset, BATCHED_TRACE_OPSET)
     else:
         cache_shape = (1, 2, kv, hd)
     args += [torch.zeros(*cache_shape, dtype=torch_dtype) for _ in range(2 * layers)]
@@ -187,7 +215,7 @@ def export_graph(
     raw_path = raw / "model.onnx"
     log(
         f"  {role}: tracing {src.model_type} ({layers} layers, {attention} attention, "
-        f"{precision}) to ONNX opset {opset}"
+        f"{precision}) to ONNX opset {LATER_OPSET if attention == 'batched' else opset}"
     )
     t0 = time.perf_counter()
     try:
@@ -201,7 +229,7 @@ def export_graph(
                 output_names=[t.name for t in outputs],
                 dynamic_axes=_dynamic_axes(inputs, outputs),
                 opset_version=opset,
-                custom_opsets={"com.microsoft": 1} if attention == "gqa" else None,
+                custom_opsets=CUSTOM_OPSETS.get(attention),
                 do_constant_folding=True,
                 dynamo=False,
             )
@@ -212,6 +240,8 @@ def export_graph(
         ) from e
     trace_s = time.perf_counter() - t0
     model = onnx.load(str(raw_path))
+    if attention == "batched":
+        raise_opset(model)
     tied = tie_lm_head(model)
     stamp_io_shapes(model, inputs, outputs)
     params, nbytes = weight_stats(model)

@@ -10,6 +10,9 @@ of the contract's two variants (see runtime/contract.py):
 - gqa: ONNX Runtime's GroupQueryAttention op on full-capacity [batch, kv_heads, cache_len,
   head_dim] buffers that it updates in place (rotary embedding inside the op). No copy of the
   cache per step: the decode step stays flat as the context grows, apart from attention itself.
+- batched: standard ONNX opset 24 on the gqa layout: TensorScatter writes each row's new keys and
+  values at its own length in place, attention reads the whole buffer under a mask built from
+  each row's positions; several sequences at different lengths share one pass.
 """
 
 from __future__ import annotations
@@ -78,21 +81,26 @@ def attention_bias(
 
 def grouped_attention(
     query: torch.Tensor,  # [batch, heads, seq, head_dim]
-    keys: torch.Tensor,  # [batch, total, kv_heads, head_dim]
-    values: torch.Tensor,  # [batch, total, kv_heads, head_dim]
+    keys: torch.Tensor,  # [batch, total, kv_heads, head_dim] ([batch, kv_heads, total, head_dim]
+    values: torch.Tensor,  # and likewise when heads_first)
     bias: torch.Tensor,  # [batch, 1, groups * seq, total]
     scale: float,
     heads: int,
     kv_heads: int,
     head_dim: int,
+    heads_first: bool = False,
 ) -> torch.Tensor:
     """Attention where `heads / kv_heads` query heads share each key/value head (GQA).
 
     The query heads of a group are folded into the sequence axis instead of repeating keys and
     values, so no copy of the cache is made. Returns [batch, seq, heads * head_dim].
     """
-    k = keys.permute(0, 2, 3, 1)  # [batch, kv_heads, head_dim, total]
-    v = values.transpose(1, 2)  # [batch, kv_heads, total, head_dim]
+    if heads_first:
+        k = keys.transpose(2, 3)  # [batch, kv_heads, head_dim, total]
+        v = values
+    else:
+        k = keys.permute(0, 2, 3, 1)  # [batch, kv_heads, head_dim, total]
+        v = values.transpose(1, 2)  # [batch, kv_heads, total, head_dim]
     q = reshape(query, 0, kv_heads, -1, head_dim)  # [batch, kv_heads, groups * seq, head_dim]
     scores = torch.matmul(q, k).float() * scale  # [batch, kv_heads, groups * seq, total]
     probs = torch.softmax(scores + bias.float(), dim=-1).to(v.dtype)
@@ -172,6 +180,33 @@ class _GroupQueryAttention(torch.autograd.Function):
         present_key.setType(past_key.type())
         present_value.setType(past_value.type())
         return out, present_key, present_value
+
+
+# Operators of a newer opset than the TorchScript tracer writes are traced in this placeholder
+# domain; onnx_export.py moves them to the default domain and raises the graph's opset.
+LATER_OPSET_DOMAIN = "specx.opset24"
+LATER_OPSET = 24
+
+
+class _TensorScatter(torch.autograd.Function):
+    """ai.onnx TensorScatter (opset 24): row b of `update` [batch, kv, seq, dim] written into
+    `cache` [batch, kv, cache_len, dim] at positions write_indices[b] .. + seq - 1 (axis 2)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, cache: torch.Tensor, update: torch.Tensor, write_indices: torch.Tensor
+    ) -> torch.Tensor:
+        out = cache.clone()
+        for b in range(cache.shape[0]):
+            start = int(write_indices[b])
+            out[b, :, start : start + update.shape[2]] = update[b]
+        return out
+
+    @staticmethod
+    def symbolic(g, cache, update, write_indices):
+        out = g.op(f"{LATER_OPSET_DOMAIN}::TensorScatter", cache, update, write_indices, axis_i=2)
+        out.setType(cache.type())
+        return out
 
 
 def gqa_attention(
@@ -305,6 +340,8 @@ class DecoderGraph(nn.Module):
             hidden = hidden * self.embedding_multiplier
         if self.attention == "gqa":
             hidden, kv = self._layers_gqa(hidden, rest[0], rest[1], rest[2:])
+        elif self.attention == "batched":
+            hidden, kv = self._layers_batched(hidden, rest[0], rest[1], rest[2:])
         else:
             hidden, kv = self._layers_plain(hidden, rest[0], rest[1:])
         logits = lm_head_logits(self.model.norm(hidden), self.lm_head)  # [batch, seq, vocab]
@@ -386,6 +423,51 @@ class DecoderGraph(nn.Module):
             hidden = self._block(layer, hidden, attend)
         return hidden, new_kv
 
+    def _layers_batched(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,  # [batch, seq]
+        write_indices: torch.Tensor,  # [batch]
+        past: tuple[torch.Tensor, ...],  # [batch, kv_heads, cache_len, head_dim] each
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        heads, kv, dim = self.num_heads, self.kv_heads, self.head_dim
+        capacity = past[0].shape[2]
+        groups = heads // kv
+        tables = {
+            kind: rotary(self.source, kind, hidden, position_ids)  # [batch, seq, rotary_dim]
+            for kind in {p.rope for p in self.plans if p.rope is not None}
+        }
+        # Key slot j holds position j in every row: the mask compares slots with positions.
+        biases = {
+            w: attention_bias(position_ids, capacity, hidden.dtype, groups, w)
+            for w in {p.window for p in self.plans}
+        }  # [batch, 1, groups * seq, cache_len]
+        present: list[torch.Tensor] = []
+        for i, (layer, plan) in enumerate(zip(self.model.layers, self.plans, strict=True)):
+            attn = layer.self_attn
+
+            def attend(
+                x: torch.Tensor, attn: Any = attn, plan: LayerPlan = plan, i: int = i
+            ) -> Any:
+                q, k, v = self._qkv(attn, x)
+                q = reshape(q, 0, -1, heads, dim).transpose(1, 2)  # [batch, heads, seq, dim]
+                k = reshape(k, 0, -1, kv, dim).transpose(1, 2)  # [batch, kv_heads, seq, dim]
+                v = reshape(v, 0, -1, kv, dim).transpose(1, 2)
+                if plan.rope is not None:
+                    cos, sin = tables[plan.rope]
+                    q = apply_rotary(q, cos[:, None], sin[:, None])
+                    k = apply_rotary(k, cos[:, None], sin[:, None])
+                keys = _TensorScatter.apply(past[2 * i], k, write_indices)  # in place
+                values = _TensorScatter.apply(past[2 * i + 1], v, write_indices)
+                present.extend([keys, values])
+                out = grouped_attention(
+                    q, keys, values, biases[plan.window], attn.scaling, heads, kv, dim, True
+                )
+                return attn.o_proj(out)
+
+            hidden = self._block(layer, hidden, attend)
+        return hidden, present
+
     def _layers_gqa(
         self,
         hidden: torch.Tensor,
@@ -460,6 +542,9 @@ class GPT2Graph(nn.Module):
         heads, dim = self.num_heads, self.head_dim
         if self.attention == "gqa":
             seqlens_k, total_length, past = rest[0], rest[1], rest[2:]
+        elif self.attention == "batched":
+            write_indices, past = rest[0], rest[1:]
+            bias = attention_bias(position_ids, past[0].shape[2], hidden.dtype, 1)
         else:
             past = rest
             bias = attention_bias(position_ids, past[0].shape[1] + seq, hidden.dtype, 1)
@@ -482,6 +567,15 @@ class GPT2Graph(nn.Module):
                     heads,
                     self._scale(i),
                 )
+            elif self.attention == "batched":
+                q = reshape(q, 0, -1, heads, dim).transpose(1, 2)  # [batch, heads, seq, dim]
+                k = _TensorScatter.apply(
+                    past[2 * i], reshape(k, 0, -1, heads, dim).transpose(1, 2), write_indices
+                )  # the whole buffer, written in place
+                v = _TensorScatter.apply(
+                    past[2 * i + 1], reshape(v, 0, -1, heads, dim).transpose(1, 2), write_indices
+                )
+                out = grouped_attention(q, k, v, bias, self._scale(i), heads, heads, dim, True)
             else:
                 q = reshape(q, 0, -1, heads, dim).transpose(1, 2)  # [batch, heads, seq, dim]
                 k = reshape(k, 0, -1, heads, dim)  # [batch, seq, heads, head_dim]
@@ -523,6 +617,6 @@ def gqa_unsupported(model: Any) -> str | None:
 
 
 def uses_position_ids(model: Any, attention: str) -> bool:
-    """Whether the graph takes position_ids: always for plain graphs; for gqa graphs only where
+    """Whether the graph takes position_ids: always for plain and batched graphs; for gqa only where
     positions are learned embeddings (GPT-2), since the op rotates by the cache length itself."""
-    return attention == "plain" or SUPPORTED_ARCHITECTURES[model.config.model_type] == "gpt2"
+    return attention != "gqa" or SUPPORTED_ARCHITECTURES[model.config.model_type] == "gpt2"

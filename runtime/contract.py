@@ -27,7 +27,17 @@ Two attention variants share the outer signature (L = number of layers):
   The runtime binds `past` and `present` to the same buffer: the op writes the new positions in
   place and reads only the valid ones; rotary embeddings are applied inside the op.
 
-In both, rolling back after a rejected draft is just a smaller length: nothing is copied.
+"batched" (standard ONNX opset 24: TensorScatter plus MatMul/Softmax attention: the graph that
+verifies several sequences in one pass, each at its own length). Cache layout as gqa:
+    inputs   write_indices            int64 [batch]   each row's valid positions before this pass
+             past_key.{i}, past_value.{i}       [batch, kv_heads, cache_len, head_dim]
+    outputs  present_key.{i}, present_value.{i} [batch, kv_heads, cache_len, head_dim]
+  Row b's `seq` new keys/values are written at positions write_indices[b] .. + seq - 1 of its row
+  (TensorScatter, in place when past and present share a buffer); its queries see the positions
+  <= their own position_ids (and inside a layer's sliding window). Rows with fewer real tokens
+  are padded: a padded position's keys land past the row's length, where nothing reads them.
+
+In all, rolling back after a rejected draft is just a smaller length: nothing is copied.
 """
 
 from __future__ import annotations
@@ -56,17 +66,21 @@ SEQ = "seq"
 PAST = "past_len"
 
 CACHE_LEN = "cache_len"
+WRITE_INDICES = "write_indices"
 SEQLENS_K = "seqlens_k"
 TOTAL_SEQUENCE_LENGTH = "total_sequence_length"
 
-ATTENTIONS = ("plain", "gqa")
+ATTENTIONS = ("plain", "gqa", "batched")
 # Cache layouts. plain: the position axis right after batch, so that for batch 1 the first
 # `past_len` positions of a buffer are a contiguous prefix that binds as `past` without a copy.
 # gqa: heads before positions, the layout GroupQueryAttention reads and writes in place.
 CACHE_LAYOUTS = {
     "plain": ("batch", "position", "kv_head", "head_dim"),
     "gqa": ("batch", "kv_head", "position", "head_dim"),
+    "batched": ("batch", "kv_head", "position", "head_dim"),
 }
+# Attention variants whose graphs read and write one full-capacity buffer per tensor.
+FULL_BUFFER = ("gqa", "batched")
 
 DTYPES = ("float32", "float16")
 
@@ -125,11 +139,14 @@ def graph_inputs(
     position_ids: bool = True,
 ) -> tuple[TensorSpec, ...]:
     specs = [TensorSpec(INPUT_IDS, "int64", (BATCH, SEQ))]
-    if attention == "plain" or position_ids:
+    if attention != "gqa" or position_ids:
         specs.append(TensorSpec(POSITION_IDS, "int64", (BATCH, SEQ)))
     if attention == "gqa":
         specs.append(TensorSpec(SEQLENS_K, "int32", (BATCH,)))
         specs.append(TensorSpec(TOTAL_SEQUENCE_LENGTH, "int32", ()))
+    if attention == "batched":
+        specs.append(TensorSpec(WRITE_INDICES, "int64", (BATCH,)))
+    if attention in FULL_BUFFER:
         shape: tuple[int | str, ...] = (BATCH, kv_heads, CACHE_LEN, head_dim)
     else:
         shape = (BATCH, PAST, kv_heads, head_dim)
@@ -149,7 +166,7 @@ def graph_outputs(
 ) -> tuple[TensorSpec, ...]:
     specs = [TensorSpec(LOGITS, "float32", (BATCH, SEQ, vocab_size))]
     for i in range(num_layers):
-        if attention == "gqa":
+        if attention in FULL_BUFFER:
             shape: tuple[int | str, ...] = (BATCH, kv_heads, CACHE_LEN, head_dim)
             specs.append(TensorSpec(present_key(i), cache_dtype, shape))
             specs.append(TensorSpec(present_value(i), cache_dtype, shape))
@@ -183,7 +200,8 @@ class ModelSpec:
     outputs: tuple[TensorSpec, ...]
     parity: dict[str, Any] = field(default_factory=dict)
     variant: str = "fp32"  # its weights: "fp32", "fp16", "int8", "int4" ("plain": old fp32)
-    attention: str = "plain"  # "plain" (standard ONNX, TensorRT) or "gqa" (ONNX Runtime)
+    attention: str = "plain"  # "plain" (standard ONNX, TensorRT), "gqa" (ONNX Runtime) or
+    # "batched" (several sequences per pass)
     operators: tuple[str, ...] = ()  # "domain:OpType" of every node kind; () if not recorded
 
     @property
@@ -280,6 +298,7 @@ class Manifest:
     default_drafter: str | None = None  # a draft name, "ngram" or "none"; None: the first draft
     profile: dict[str, Any] | None = None  # the deployment profile applied at export, resolved
     engines: tuple[dict[str, Any], ...] = ()  # TensorRT engines: model, file, versions, GPU
+    batched: ModelSpec | None = None  # the target as a "batched" graph (`export --batched`)
 
     def find_draft(self, name: str) -> ModelSpec:
         for spec in self.drafts:
@@ -302,6 +321,7 @@ class Manifest:
             "default_drafter": self.default_drafter,
             "profile": self.profile,
             "engines": list(self.engines),
+            **({"batched": self.batched.to_json()} if self.batched is not None else {}),
             "exporter": self.exporter,
         }
 
@@ -336,6 +356,7 @@ class Manifest:
         for key, spec in (
             ("target", manifest.target),
             *((f"drafts[{i}]", d) for i, d in enumerate(manifest.drafts)),
+            *((("batched", manifest.batched),) if manifest.batched is not None else ()),
         ):
             if spec.num_heads % spec.kv_heads:
                 raise ArtifactError(
@@ -378,6 +399,11 @@ class Manifest:
             default_drafter=data.get("default_drafter"),
             profile=data.get("profile"),
             engines=tuple(dict(e) for e in data.get("engines", [])),
+            batched=(
+                ModelSpec.from_json(data["batched"], f"{where} [batched]")
+                if data.get("batched") is not None
+                else None
+            ),
         )
 
     @staticmethod

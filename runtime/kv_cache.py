@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from specx.runtime.contract import FULL_BUFFER
 from specx.runtime.errors import InputError
 from specx.runtime.memory import HOST, DeviceMemory
 
@@ -48,7 +49,7 @@ class KVCache:
         self.slot_bytes = kv_heads * head_dim * np.dtype(self.np_dtype).itemsize  # one position
         self.shape = (
             (1, kv_heads, capacity, head_dim)
-            if layout == "gqa"
+            if layout in FULL_BUFFER
             else (1, capacity, kv_heads, head_dim)
         )
         try:
@@ -109,10 +110,76 @@ class KVCache:
 
     def _read(self, index: int) -> np.ndarray:
         full = self._buffers[index].to_host()
-        if self.layout == "gqa":
+        if self.layout in FULL_BUFFER:
             return full[0, :, : self._length].transpose(1, 0, 2)
         return full[0, : self._length]
 
     def buffer_addresses(self) -> tuple[int, ...]:
         """Base address of every buffer; constant for the cache's lifetime (tests check it)."""
+        return tuple(self._ptrs)
+
+
+class BatchKVCache:
+    """The caches of several sequences in one set of buffers, for batched graphs.
+
+    Per layer one key and one value buffer [rows, kv_heads, capacity, head_dim]; row r belongs to
+    one sequence at a time and ``lengths[r]`` is its only truth (rollback = a smaller length). A
+    pass over rows a..b-1 binds the contiguous block of those rows, in place.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        kv_heads: int,
+        head_dim: int,
+        rows: int,
+        capacity: int,
+        dtype: str = "float32",
+        memory: DeviceMemory = HOST,
+    ) -> None:
+        if rows < 1 or capacity < 1:
+            raise InputError(
+                f"a batch cache needs rows >= 1 and capacity >= 1, got {rows}, {capacity}"
+            )
+        self.num_layers = num_layers
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        self.rows = rows
+        self.capacity = capacity
+        self.dtype = dtype
+        self.np_dtype = NP_DTYPES[dtype]
+        self.device = memory.device
+        self.device_id = memory.device_id
+        self.shape = (rows, kv_heads, capacity, head_dim)
+        self.row_bytes = kv_heads * capacity * head_dim * np.dtype(self.np_dtype).itemsize
+        try:
+            self._buffers = [
+                memory.allocate(self.shape, self.np_dtype) for _ in range(2 * num_layers)
+            ]
+        except (MemoryError, RuntimeError) as e:
+            raise InputError(
+                f"cannot allocate a batch KV cache of {rows} x {capacity} positions "
+                f"({self.nbytes / 2**20:.0f} MB) on {memory.device}: "
+                f"{str(e).splitlines()[0][:200]}",
+                "serve fewer sequences at once, or shorter ones",
+            ) from e
+        self._ptrs = [b.ptr for b in self._buffers]
+        self.lengths = np.zeros(rows, dtype=np.int64)  # valid positions per row
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.num_layers * self.rows * self.row_bytes
+
+    def key_ptr(self, layer: int, row: int = 0) -> int:
+        return self._ptrs[2 * layer] + row * self.row_bytes
+
+    def value_ptr(self, layer: int, row: int = 0) -> int:
+        return self._ptrs[2 * layer + 1] + row * self.row_bytes
+
+    def keys(self, layer: int, row: int) -> np.ndarray:
+        """The valid keys of a row, [length, kv_heads, head_dim] (a copy for device caches)."""
+        full = self._buffers[2 * layer].to_host()
+        return full[row, :, : int(self.lengths[row])].transpose(1, 0, 2)
+
+    def buffer_addresses(self) -> tuple[int, ...]:
         return tuple(self._ptrs)

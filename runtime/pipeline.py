@@ -9,7 +9,7 @@ repeated generations reuse the same buffers instead of allocating new ones.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ import numpy as np
 
 from specx.runtime.adaptive import AdaptiveK
 from specx.runtime.backends import GraphSession, choose_providers, open_graph
+from specx.runtime.backends.ort_session import OrtSession
 from specx.runtime.backends.providers import check_threads
 from specx.runtime.contract import TOKENIZER_FILE, Manifest, ModelSpec
 from specx.runtime.drafters import registry
@@ -25,6 +26,7 @@ from specx.runtime.drafters.base import Drafter
 from specx.runtime.errors import ArtifactError, InputError
 from specx.runtime.generate import FixedK, KPolicy, decode_loop
 from specx.runtime.kv_cache import KVCache
+from specx.runtime.scheduler import BatchScheduler, Submission
 from specx.runtime.settings import AUTO, DEFAULT_K, MAX_K, GenerationSettings
 from specx.runtime.stats import Stats
 from specx.runtime.tokenizer import TextCodec
@@ -96,6 +98,8 @@ class Pipeline:
         self._pool: dict[str, list[_Workspace]] = {}
         self._lock = threading.Lock()
         self._learned: dict[str, AdaptiveK] = {}  # -k auto: what each drafter's runs taught
+        self._free_drafters: dict[str, list[Drafter | None]] = {}  # for batched generations
+        self._scheduler: BatchScheduler | None = None
 
     @classmethod
     def load(
@@ -149,14 +153,59 @@ class Pipeline:
                 self._drafts[spec.graph] = self._open(spec)
             return self._drafts[spec.graph]
 
+    def new_drafter(self, drafter_name: str) -> Drafter | None:
+        """A drafter of its own (with its own cache) for one generation at a time."""
+        resources = registry.DraftResources(
+            self.manifest, lambda spec: self.draft_session(spec).fork(), self.manifest.max_length
+        )
+        return registry.build_drafter(drafter_name, resources)
+
+    def _take_drafter(self, drafter_name: str) -> Drafter | None:
+        with self._lock:
+            free = self._free_drafters.setdefault(drafter_name, [])
+            if free:
+                return free.pop()
+        return self.new_drafter(drafter_name)
+
+    def _give_drafter(self, drafter_name: str, drafter: Drafter | None) -> None:
+        with self._lock:
+            self._free_drafters[drafter_name].append(drafter)
+
+    def enable_batching(self, max_batch: int = 4, context: int | None = None) -> None:
+        """From now on, generations of any thread share target passes: up to `max_batch`
+        sequences per pass, each in a batch row of `context` positions (default: the artifact's
+        context, at most 1024; attention reads whole rows, so smaller rows are faster). A
+        generation too long for a row runs alone, as before. Needs a batched graph."""
+        if not 1 <= max_batch <= 256:
+            raise InputError(f"max_batch must be in 1..256, got {max_batch}")
+        session = self.batched_session()
+        assert isinstance(session, OrtSession)
+        limit = min(self.manifest.max_length, session.spec.max_length)
+        context = context if context is not None else min(limit, 1024)
+        if not 2 <= context <= limit:
+            raise InputError(
+                f"the batch context must be in 2..{limit} positions, got {context}",
+                "pass a smaller context",
+            )
+        self.disable_batching()
+        self._scheduler = BatchScheduler(
+            session.fork(), max_batch, context, self.manifest.special_tokens.eos_token_ids
+        )
+
+    def disable_batching(self) -> None:
+        """Stop the batch scheduler (running batched generations end with an error)."""
+        if self._scheduler is not None:
+            self._scheduler.stop()
+            self._scheduler = None
+
+    @property
+    def batching(self) -> BatchScheduler | None:
+        return self._scheduler
+
     def _new_workspace(self, drafter_name: str) -> _Workspace:
         target = self.target.fork()
-        capacity = self.manifest.max_length
-        resources = registry.DraftResources(
-            self.manifest, lambda spec: self.draft_session(spec).fork(), capacity
-        )
-        drafter = registry.build_drafter(drafter_name, resources)
-        return _Workspace(drafter_name, target, target.new_cache(capacity), drafter)
+        cache = target.new_cache(self.manifest.max_length)
+        return _Workspace(drafter_name, target, cache, self.new_drafter(drafter_name))
 
     def _acquire(self, drafter_name: str) -> _Workspace:
         with self._lock:
@@ -173,6 +222,12 @@ class Pipeline:
         """Workspaces of a drafter waiting in the pool (each holds its caches)."""
         with self._lock:
             return len(self._pool.get(drafter, []))
+
+    def remember_policy(self, drafter: str, policy: KPolicy) -> None:
+        """Keep what a -k auto generation learned, for the next ones with this drafter."""
+        if isinstance(policy, AdaptiveK) and policy.history:
+            with self._lock:
+                self._learned[drafter] = policy
 
     def learned_policy(self, drafter: str) -> AdaptiveK | None:
         """What -k auto has learned with a drafter so far (later requests start from it)."""
@@ -209,7 +264,7 @@ class Pipeline:
             raise InputError(f"prompt token ids must lie in [0, {vocab})")
         return ids
 
-    def _policy(self, settings: GenerationSettings) -> tuple[KPolicy, int, str]:
+    def resolve_policy(self, settings: GenerationSettings) -> tuple[KPolicy, int, str]:
         """(K policy, K to report, drafter name) for these settings on this artifact."""
         name = settings.drafter or self.default_drafter
         if name not in self.drafter_names:
@@ -250,7 +305,7 @@ class Pipeline:
     def validate(self, settings: GenerationSettings) -> None:
         """Raise the InputError that `stream` would raise for these settings on this artifact
         (drafter, K against the profile), without starting anything."""
-        self._policy(settings)
+        self.resolve_policy(settings)
 
     def stream(
         self, prompt: Prompt, settings: GenerationSettings | None = None, **options: Any
@@ -264,24 +319,31 @@ class Pipeline:
         max_k); temperature 0 (the default) is greedy.
         """
         settings = GenerationSettings.of(settings, **options)
-        policy, k_shown, drafter_name = self._policy(settings)
+        policy, k_shown, drafter_name = self.resolve_policy(settings)
         prompt_ids = self.encode_prompt(prompt, settings.chat, settings.system)
         stats = Stats(k=k_shown, drafter=drafter_name, adaptive=isinstance(policy, AdaptiveK))
         result = GenerationResult("", [], prompt_ids.tolist(), stats, finished=False)
-        return Generation(self._run(prompt_ids, settings, policy, drafter_name, result), result)
+        scheduler = self._scheduler
+        if scheduler is not None and scheduler.fits(
+            int(prompt_ids.shape[0]), settings.max_new_tokens, k_shown
+        ):
+            tokens = self._submit(scheduler, prompt_ids, settings, policy, drafter_name, result)
+        else:
+            tokens = self._solo(prompt_ids, settings, policy, drafter_name, result)
+        return Generation(self._text(tokens, policy, drafter_name, result), result)
 
-    def _run(
+    def _solo(
         self,
         prompt_ids: np.ndarray,
         settings: GenerationSettings,
         policy: KPolicy,
         drafter_name: str,
         result: GenerationResult,
-    ) -> Iterator[str]:
+    ) -> Iterator[np.ndarray]:
+        """The generation alone, on a workspace of its own."""
         workspace = self._acquire(drafter_name)
-        decoder = self.codec.stream_decoder()
         try:
-            for tokens in decode_loop(
+            yield from decode_loop(
                 workspace.target,
                 workspace.cache,
                 workspace.drafter,
@@ -290,9 +352,43 @@ class Pipeline:
                 policy,
                 self.manifest.special_tokens.eos_token_ids,
                 result.stats,
-            ):
-                result.token_ids.extend(tokens.tolist())
-                delta = decoder.push(tokens.tolist())
+            )
+        finally:
+            self._release(workspace)
+
+    def _submit(
+        self,
+        scheduler: BatchScheduler,
+        prompt_ids: np.ndarray,
+        settings: GenerationSettings,
+        policy: KPolicy,
+        drafter_name: str,
+        result: GenerationResult,
+    ) -> Iterator[np.ndarray]:
+        """The generation as a row of the shared batch (enable_batching)."""
+        drafter = self._take_drafter(drafter_name)
+        submission = Submission(
+            prompt_ids,
+            settings,
+            policy,
+            drafter,
+            result.stats,
+            release=lambda: self._give_drafter(drafter_name, drafter),
+        )
+        yield from scheduler.submit(submission).tokens()
+
+    def _text(
+        self,
+        tokens: Iterator[np.ndarray],
+        policy: KPolicy,
+        drafter_name: str,
+        result: GenerationResult,
+    ) -> Iterator[str]:
+        decoder = self.codec.stream_decoder()
+        try:
+            for step in tokens:
+                result.token_ids.extend(step.tolist())
+                delta = decoder.push(step.tolist())
                 result.text += delta
                 if delta:
                     yield delta
@@ -302,13 +398,11 @@ class Pipeline:
             if tail:
                 yield tail
         finally:
+            tokens.close()  # type: ignore[attr-defined]  # a generator: frees its workspace
             if not result.finished:
                 result.text += decoder.flush()
                 result.stats.stop_reason = result.stats.stop_reason or "interrupted"
-            if isinstance(policy, AdaptiveK) and policy.history:
-                with self._lock:
-                    self._learned[drafter_name] = policy
-            self._release(workspace)
+            self.remember_policy(drafter_name, policy)
 
     def generate(
         self, prompt: Prompt, settings: GenerationSettings | None = None, **options: Any
@@ -318,3 +412,40 @@ class Pipeline:
         for _ in generation:
             pass
         return generation.result
+
+    # -- batched generation -----------------------------------------------------------------
+    def batched_session(self) -> GraphSession:
+        """The target's batched graph (several sequences per pass), opened on first use."""
+        spec = self.manifest.batched
+        if spec is None:
+            raise InputError(
+                "this artifact has no batched graph",
+                "re-export it with `specx export --batched`",
+            )
+        with self._lock:
+            if spec.graph not in self._drafts:
+                self._drafts[spec.graph] = self._open(spec)
+            return self._drafts[spec.graph]
+
+    def generate_batch(
+        self,
+        prompts: Sequence[Prompt],
+        settings: GenerationSettings | Sequence[GenerationSettings] | None = None,
+        max_batch: int = 8,
+        on_tokens: Callable[[int, np.ndarray], None] | None = None,
+        **options: Any,
+    ) -> list[GenerationResult]:
+        """Generate for several prompts at once: up to `max_batch` sequences share each target
+        pass (continuous batching: a finished sequence's row goes to the next prompt at once).
+        `settings` is one GenerationSettings for all prompts or one per prompt; each sequence's
+        output is what `generate` gives it alone. `on_tokens(i, ids)` is called with prompt i's
+        tokens as each step commits them (streaming)."""
+        from specx.runtime.batching import run_batch
+
+        if isinstance(settings, Sequence):
+            if len(settings) != len(prompts):
+                raise InputError(f"{len(settings)} settings for {len(prompts)} prompts")
+            per_prompt = [GenerationSettings.of(s, **options) for s in settings]
+        else:
+            per_prompt = [GenerationSettings.of(settings, **options)] * len(prompts)
+        return run_batch(self, prompts, per_prompt, max_batch, on_tokens)

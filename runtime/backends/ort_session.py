@@ -23,8 +23,8 @@ from specx.runtime import contract
 from specx.runtime.backends.base import DEFAULT_CHUNK, GraphSession
 from specx.runtime.backends.providers import GPU_PROVIDERS, check_threads, resolve_providers
 from specx.runtime.contract import ModelSpec
-from specx.runtime.errors import ArtifactError, ProviderError
-from specx.runtime.kv_cache import NP_DTYPES, KVCache
+from specx.runtime.errors import ArtifactError, InputError, ProviderError
+from specx.runtime.kv_cache import NP_DTYPES, BatchKVCache, KVCache
 from specx.runtime.memory import HOST, DeviceMemory
 from specx.runtime.requirements import min_onnxruntime, release
 
@@ -165,6 +165,7 @@ class OrtSession(GraphSession):
         self.max_chunk = max_chunk
         self.passes = 0
         self._logits = np.empty((max_chunk, spec.vocab_size), np.float32)
+        self._batch_logits = np.empty((0, spec.vocab_size), np.float32)
         self._binding = self.session.io_binding()
         self._bound_cache: KVCache | None = None  # gqa: whose buffers the binding holds
         self._position_ids = spec.uses_position_ids
@@ -174,6 +175,7 @@ class OrtSession(GraphSession):
         """ONNX Runtime sessions may run concurrently; bindings and output buffers may not."""
         other = copy.copy(self)
         other._logits = np.empty_like(self._logits)
+        other._batch_logits = np.empty_like(self._batch_logits)
         other._binding = self.session.io_binding()
         other._bound_cache = None
         other.passes = 0
@@ -246,8 +248,8 @@ class OrtSession(GraphSession):
         if self._position_ids:
             positions = np.arange(past, past + seq, dtype=np.int64).reshape(1, seq)
             io.bind_cpu_input(contract.POSITION_IDS, positions)
-        if self.spec.attention == "gqa":
-            self._bind_gqa(io, cache, past, seq)
+        if self.spec.attention in contract.FULL_BUFFER:
+            self._bind_full(io, cache, past, seq)
         else:
             self._bind_plain(io, cache, past, seq)
         io.bind_output(
@@ -276,10 +278,13 @@ class OrtSession(GraphSession):
                 io.bind_input(name_past, dev, dev_id, dt, past_shape, ptr(layer))
                 io.bind_output(name_new, dev, dev_id, dt, new_shape, ptr(layer, past))
 
-    def _bind_gqa(self, io: Any, cache: KVCache, past: int, seq: int) -> None:
+    def _bind_full(self, io: Any, cache: KVCache, past: int, seq: int) -> None:
         """past and present = the same full buffer; the lengths say what is valid."""
-        io.bind_cpu_input(contract.SEQLENS_K, np.array([past + seq - 1], dtype=np.int32))
-        io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, np.array(past + seq, dtype=np.int32))
+        if self.spec.attention == "batched":
+            io.bind_cpu_input(contract.WRITE_INDICES, np.array([past], dtype=np.int64))
+        else:
+            io.bind_cpu_input(contract.SEQLENS_K, np.array([past + seq - 1], dtype=np.int32))
+            io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, np.array(past + seq, dtype=np.int32))
         if self._bound_cache is cache:
             return  # the cache buffers are bound already and never move
         dev, dev_id, dt, shape = cache.device, cache.device_id, self._cache_np_dtype, cache.shape
@@ -291,3 +296,73 @@ class OrtSession(GraphSession):
                 io.bind_input(name_in, dev, dev_id, dt, list(shape), ptr)
                 io.bind_output(name_out, dev, dev_id, dt, list(shape), ptr)
         self._bound_cache = cache
+
+    def forward_rows(
+        self, tokens: np.ndarray, counts: np.ndarray, cache: BatchKVCache, first_row: int = 0
+    ) -> np.ndarray:
+        """One pass of a batched graph over cache rows first_row .. first_row + batch - 1.
+
+        tokens [batch, seq] int64: row b's counts[b] real tokens, then padding; they go at
+        positions lengths[row] .. Each row's length grows by its count (the caller truncates to
+        what it keeps). Returns logits [batch, seq, vocab], a view that the next call overwrites.
+        """
+        if self.spec.attention != "batched":
+            raise InputError(
+                f"{self.path.name} is a {self.spec.attention} graph; several sequences per pass "
+                "need a batched graph",
+                "re-export with `specx export --batched`",
+            )
+        batch, seq = int(tokens.shape[0]), int(tokens.shape[1])
+        rows = slice(first_row, first_row + batch)
+        starts = cache.lengths[rows].copy()  # [batch]
+        if first_row + batch > cache.rows or seq < 1:
+            raise InputError(
+                f"rows {first_row}..{first_row + batch - 1} of {cache.rows}, seq {seq}"
+            )
+        if int(starts.max()) + seq > cache.capacity:
+            raise InputError(
+                f"cache overflow: a row at {int(starts.max())} + {seq} positions exceeds "
+                f"{cache.capacity}"
+            )
+        need = batch * seq
+        if self._batch_logits.shape[0] < need:
+            self._batch_logits = np.empty((need, self.vocab_size), np.float32)
+        io = self._binding
+        self._bound_cache = None  # this binding no longer holds a single-sequence cache
+        io.bind_cpu_input(contract.INPUT_IDS, np.ascontiguousarray(tokens, dtype=np.int64))
+        positions = starts[:, None] + np.arange(seq, dtype=np.int64)[None, :]  # [batch, seq]
+        io.bind_cpu_input(contract.POSITION_IDS, positions)
+        io.bind_cpu_input(contract.WRITE_INDICES, starts)
+        dev, dev_id, dt = cache.device, cache.device_id, self._cache_np_dtype
+        shape = [batch, cache.kv_heads, cache.capacity, cache.head_dim]
+        for layer in range(cache.num_layers):
+            for name_in, name_out, ptr in (
+                (contract.past_key(layer), contract.present_key(layer), cache.key_ptr),
+                (contract.past_value(layer), contract.present_value(layer), cache.value_ptr),
+            ):
+                io.bind_input(name_in, dev, dev_id, dt, shape, ptr(layer, first_row))
+                io.bind_output(name_out, dev, dev_id, dt, shape, ptr(layer, first_row))
+        io.bind_output(
+            contract.LOGITS,
+            "cpu",
+            0,
+            np.float32,
+            [batch, seq, self.vocab_size],
+            self._batch_logits.ctypes.data,
+        )
+        self.session.run_with_iobinding(io)
+        cache.lengths[rows] = starts + counts
+        self.passes += 1
+        return self._batch_logits[:need].reshape(batch, seq, self.vocab_size)
+
+    def new_batch_cache(self, rows: int, capacity: int) -> BatchKVCache:
+        s = self.spec
+        if capacity > s.max_length:
+            raise InputError(
+                f"a cache of {capacity} positions exceeds the {s.max_length} this graph was "
+                "exported for",
+                "ask for fewer tokens, or re-export with a larger --max-length",
+            )
+        return BatchKVCache(
+            s.num_layers, s.kv_heads, s.head_dim, rows, capacity, s.dtype, self.memory
+        )

@@ -1,0 +1,391 @@
+"""Continuous batching: several sequences share every target pass.
+
+Each active sequence owns a row of a ``BatchKVCache`` and keeps its own length, drafter, K
+policy, sampling settings, keyed random numbers and statistics. A step is the speculative step of
+generate.py done for all rows at once:
+
+    propose   every sequence asks its drafter for up to its own K tokens
+    verify    one pass of the batched graph: row b is ``[last_committed_b, d_1 .. d_kb]`` at
+              positions n_b .. n_b + k_b, padded to the longest row (padded positions land past
+              the row's length, where nothing reads them)
+    accept    each row is verified on its own logits rows, exactly as alone
+    commit    each row's length is set to what it kept; its drafter is told
+
+A sequence joins after its prefill (its row alone, in chunks) and leaves at its own stop; the
+others never wait for it. What a sequence produces depends only on its own prompt, settings and
+seed, not on what shares its batch (up to float near-ties between differently shaped passes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from specx.runtime.adaptive import AdaptiveK
+from specx.runtime.backends.ort_session import OrtSession
+from specx.runtime.drafters.base import NO_PROPOSAL, NONE, Drafter, DraftRequest, Proposal
+from specx.runtime.errors import InputError
+from specx.runtime.generate import KPolicy, StepDecision, StepResult, Verifier, make_verifier
+from specx.runtime.sampling import PositionNoise
+from specx.runtime.settings import GenerationSettings
+from specx.runtime.stats import Stats
+
+if TYPE_CHECKING:
+    from specx.runtime.pipeline import GenerationResult, Pipeline, Prompt
+
+NO_DECISION = StepDecision(0)
+
+# tokens of one committed step -> None; called as soon as a step commits them
+Emit = Callable[[np.ndarray], None]
+
+
+@dataclass
+class BatchSequence:
+    """One sequence of a batch: its row, its settings and everything it has committed."""
+
+    row: int
+    settings: GenerationSettings
+    policy: KPolicy
+    drafter: Drafter | None
+    stats: Stats
+    emit: Emit | None
+    verify: Verifier
+    context: np.ndarray  # [capacity + 1] every committed token
+    n_context: int
+    done: bool = False
+    tokens: list[int] = field(default_factory=list)  # the generated ids
+    # this step's plan (set by _decide and _draft, used by _accept)
+    proposal: Proposal = NO_PROPOSAL
+    decision: StepDecision = NO_DECISION
+    k: int = 0
+    source: str = NONE
+    draft_s: float = 0.0
+    decode_start: float = 0.0  # when it joined the decoding rows
+
+    @property
+    def committed(self) -> np.ndarray:
+        return self.context[: self.n_context]
+
+
+class WidthPlanner:
+    """Caps the width of a batched pass where widening it costs the whole batch more than it
+    gains.
+
+    A pass is as wide as its longest row: one row drafting 8 tokens makes every row's pass 9
+    wide, and at several rows a wide pass is no longer nearly free. Before drafting, the rows
+    whose K is chosen by -k auto are capped at the width w (1 .. the widest asked for) with the
+    most expected tokens per second over the batch: the sum of their expected tokens at
+    min(K, w - 1) (each policy's own estimate) over their drafting plus the pass at that width.
+    Rows with a fixed K keep it. Pass costs per (rows, width) are measured as the decoder runs;
+    a cell not yet measured is scaled from the nearest measured one by a prior that charges
+    each extra token 5.5% of a one-token pass (docs/bench/batching.md).
+    """
+
+    PER_TOKEN = 0.055
+
+    def __init__(self, decay: float = 0.9) -> None:
+        self.decay = decay
+        self.cost_s: dict[tuple[int, int], float] = {}
+
+    def observe(self, rows: int, width: int, seconds: float) -> None:
+        old = self.cost_s.get((rows, width))
+        self.cost_s[(rows, width)] = (
+            seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+        )
+
+    def pass_s(self, rows: int, width: int) -> float | None:
+        if (rows, width) in self.cost_s:
+            return self.cost_s[(rows, width)]
+        if not self.cost_s:
+            return None
+
+        def prior(r: int, w: int) -> float:
+            return 1.0 + self.PER_TOKEN * (r * w - 1)
+
+        (r, w), t = min(
+            self.cost_s.items(), key=lambda c: (abs(c[0][0] - rows), abs(c[0][1] - width))
+        )
+        return t * prior(rows, width) / prior(r, w)
+
+    def cap(self, active: list[BatchSequence], rows: int) -> None:
+        adaptive = [s for s in active if isinstance(s.policy, AdaptiveK) and s.source != NONE]
+        if not adaptive:
+            return
+        widest = 1 + max(s.k for s in active)
+        narrowest = 1 + max((s.k for s in active if s not in adaptive), default=0)
+        best_w, best_rate = widest, -1.0
+        for w in range(narrowest, widest + 1):
+            pass_s = self.pass_s(rows, w)
+            if pass_s is None:
+                return  # nothing measured yet: no cap
+            tokens = draft_s = 0.0
+            for s in adaptive:
+                policy = s.policy
+                assert isinstance(policy, AdaptiveK)
+                k = min(s.k, w - 1)
+                tokens += policy.expected_tokens(s.source)[k]
+                draft_s += policy.draft_cost_s(k, s.source)
+            rate = tokens / (draft_s + pass_s)
+            if rate > best_rate:
+                best_w, best_rate = w, rate
+        for s in adaptive:
+            s.k = min(s.k, best_w - 1)
+
+
+class BatchDecoder:
+    """Up to `rows` sequences decoding together through one batched graph."""
+
+    def __init__(
+        self,
+        session: OrtSession,
+        rows: int,
+        capacity: int,
+        eos_token_ids: tuple[int, ...],
+    ) -> None:
+        self.session = session
+        self.cache = session.new_batch_cache(rows, capacity)
+        self.capacity = capacity
+        self.eos = set(eos_token_ids)
+        self._rows: list[BatchSequence | None] = [None] * rows
+        self.widths = WidthPlanner()
+        self.passes = 0  # batched passes after prefill
+        self.rows_per_pass: list[int] = []  # sequences in each of them
+
+    @property
+    def active(self) -> list[BatchSequence]:
+        return [s for s in self._rows if s is not None]
+
+    @property
+    def free_rows(self) -> int:
+        return sum(s is None for s in self._rows)
+
+    def add(
+        self,
+        prompt: np.ndarray,
+        settings: GenerationSettings,
+        policy: KPolicy,
+        drafter: Drafter | None,
+        stats: Stats,
+        emit: Emit | None = None,
+    ) -> BatchSequence:
+        """Prefill a new sequence into a free row; it takes part from the next step on."""
+        n = int(prompt.shape[0])
+        if not 1 <= n < self.capacity:
+            raise InputError(
+                f"the prompt has {n} tokens; a batch row holds at most {self.capacity - 1}",
+                "shorten the prompt",
+            )
+        try:
+            row = self._rows.index(None)
+        except ValueError as e:
+            raise InputError(f"all {len(self._rows)} batch rows are busy") from e
+        noise = PositionNoise(settings.sampling.seed, self.session.vocab_size)
+        context = np.zeros(self.capacity + 1, dtype=np.int64)
+        context[:n] = prompt
+        seq = BatchSequence(
+            row,
+            settings,
+            policy,
+            drafter,
+            stats,
+            emit,
+            make_verifier(settings.sampling, noise),
+            context,
+            n,
+        )
+        stats.prompt_tokens = n
+        t0 = perf_counter()
+        self.cache.lengths[row] = 0
+        chunk = self.session.max_chunk
+        for start in range(0, n - 1, chunk):
+            part = prompt[start : min(start + chunk, n - 1)]
+            self.session.forward_rows(part[None], np.array([part.shape[0]]), self.cache, row)
+        if drafter is not None:
+            drafter.start(prompt, DraftRequest(settings.sampling, noise, settings.draft_p_min))
+        stats.prefill_s = perf_counter() - t0
+        seq.decode_start = perf_counter()
+        self._rows[row] = seq
+        if settings.max_new_tokens <= 0:
+            self._finish(seq, "max_new_tokens")
+        return seq
+
+    def cancel(self, seq: BatchSequence) -> None:
+        """Stop a sequence now (a client went away); its row is free at once."""
+        if not seq.done:
+            self._finish(seq, "interrupted")
+
+    def step(self) -> None:
+        """One batched pass over every active sequence."""
+        active = self.active
+        if not active:
+            return
+        longest = int(max(self.cache.lengths[s.row] for s in active))
+        first = min(s.row for s in active)
+        last = max(s.row for s in active)
+        for s in active:
+            self._decide(s, room=self.capacity - longest - 1)
+        self.widths.cap(active, last - first + 1)
+        for s in active:
+            self._draft(s)
+        width = 1 + max(s.proposal.tokens.shape[0] for s in active)
+        tokens = np.zeros((last - first + 1, width), dtype=np.int64)  # [rows, width], 0: padding
+        counts = np.zeros(last - first + 1, dtype=np.int64)
+        committed = {s.row: int(self.cache.lengths[s.row]) for s in active}
+        for s in active:
+            n = s.proposal.tokens.shape[0]
+            tokens[s.row - first, 0] = s.context[s.n_context - 1]
+            tokens[s.row - first, 1 : 1 + n] = s.proposal.tokens
+            counts[s.row - first] = 1 + n
+        t0 = perf_counter()
+        logits = self.session.forward_rows(tokens, counts, self.cache, first)  # [rows, width, V]
+        verify_s = perf_counter() - t0
+        self.widths.observe(last - first + 1, width, verify_s)
+        self.passes += 1
+        self.rows_per_pass.append(len(active))
+        for s in active:
+            n = s.proposal.tokens.shape[0]
+            self._accept(s, logits[s.row - first, : 1 + n], committed[s.row], verify_s, len(active))
+
+    def run(self) -> None:
+        """Step until every sequence has stopped."""
+        while self.active:
+            self.step()
+
+    # -- one sequence's part of a step -------------------------------------------------------
+    def _decide(self, s: BatchSequence, room: int) -> None:
+        remaining = s.settings.max_new_tokens - s.stats.new_tokens
+        s.source = s.drafter.source(s.committed) if s.drafter is not None else NONE
+        s.decision = s.policy.decide(s.source)
+        s.k = max(0, min(s.decision.k, room, remaining - 1))
+
+    def _draft(self, s: BatchSequence) -> None:
+        t0 = perf_counter()
+        if s.drafter is not None and s.k > 0:
+            s.proposal = s.drafter.propose(s.committed, s.k, s.decision.plan)
+        else:
+            s.proposal = NO_PROPOSAL
+        s.draft_s = perf_counter() - t0
+
+    def _accept(
+        self, s: BatchSequence, logits: np.ndarray, committed: int, verify_s: float, sharing: int
+    ) -> None:
+        """Verify and commit one row. Its K policy is charged `sharing` times its drafting: the
+        rows draft one after another before the shared pass, so at `sharing` rows drafting alike,
+        each row's drafting holds up every row (what makes a draft model stop paying as the
+        batch fills, while a free lookup still does)."""
+        proposal = s.proposal
+        n_accepted, next_token = s.verify(proposal, logits, s.n_context)
+        self.cache.lengths[s.row] = committed + 1 + n_accepted
+        if s.drafter is not None and s.k > 0:
+            s.drafter.commit(n_accepted)
+        step = StepResult(
+            tokens=np.append(proposal.tokens[:n_accepted], np.int64(next_token)),
+            source=s.source,
+            proposed=int(proposal.tokens.shape[0]),
+            accepted=n_accepted,
+            draft_s=s.draft_s * sharing,
+            verify_s=verify_s,
+            draft_passes=proposal.model_passes,
+            catchup=proposal.catchup,
+            confidence=proposal.confidence,
+        )
+        s.policy.observe(step)
+        stats = s.stats
+        stats.record_step(step.proposed, step.accepted, s.k)
+        stats.draft_s += s.draft_s
+        stats.verify_s += verify_s
+        stats.draft_passes += step.draft_passes
+        stats.decode_s = perf_counter() - s.decode_start  # wall time, others' work included
+        remaining = s.settings.max_new_tokens - stats.new_tokens
+        new = step.tokens[:remaining]
+        hits = [i for i, t in enumerate(new.tolist()) if t in self.eos]
+        if hits:
+            new = new[: hits[0] + 1]
+        s.context[s.n_context : s.n_context + new.shape[0]] = new
+        s.n_context += int(new.shape[0])
+        stats.new_tokens += int(new.shape[0])
+        s.tokens.extend(new.tolist())
+        if s.emit is not None:
+            s.emit(new)
+        if hits:
+            self._finish(s, "eos")
+        elif stats.new_tokens >= s.settings.max_new_tokens:
+            self._finish(s, "max_new_tokens")
+        elif self.cache.lengths[s.row] + 1 > self.capacity:
+            self._finish(s, "max_length")
+
+    def _finish(self, s: BatchSequence, reason: str) -> None:
+        s.done = True
+        s.stats.stop_reason = s.stats.stop_reason or reason
+        self.cache.lengths[s.row] = 0
+        self._rows[s.row] = None
+
+
+def batch_capacity(needs: list[int], max_k: int, limit: int) -> int:
+    """Positions per row: the longest sequence (prompt + new tokens) plus room for a full
+    verify pass, rounded up to 64, at most `limit`. Attention reads every slot of a row, so the
+    rows are sized to the work, not to the artifact's whole context."""
+    want = max(needs) + max_k + 2
+    return min(limit, -(-want // 64) * 64)
+
+
+def run_batch(
+    pipeline: Pipeline,
+    prompts: Sequence[Prompt],
+    settings: list[GenerationSettings],
+    max_batch: int,
+    on_tokens: Callable[[int, np.ndarray], None] | None = None,
+) -> list[GenerationResult]:
+    """Pipeline.generate_batch: every prompt through one BatchDecoder, `max_batch` at a time."""
+    from specx.runtime.pipeline import GenerationResult
+
+    if not 1 <= max_batch <= 256:
+        raise InputError(f"max_batch must be in 1..256, got {max_batch}")
+    session = pipeline.batched_session()
+    assert isinstance(session, OrtSession)
+    plans = [pipeline.resolve_policy(s) for s in settings]
+    ids = [
+        pipeline.encode_prompt(p, s.chat, s.system) for p, s in zip(prompts, settings, strict=True)
+    ]
+    results = [
+        GenerationResult(
+            "", [], x.tolist(), Stats(k=k, drafter=name, adaptive=isinstance(policy, AdaptiveK))
+        )
+        for x, (policy, k, name) in zip(ids, plans, strict=True)
+    ]
+    if not prompts:
+        return results
+    limit = pipeline.manifest.batched.max_length if pipeline.manifest.batched else 0
+    needs = [int(x.shape[0]) + s.max_new_tokens for x, s in zip(ids, settings, strict=True)]
+    max_k = max(k for _, k, _ in plans)
+    capacity = batch_capacity(needs, max_k, min(limit, pipeline.manifest.max_length))
+    decoder = BatchDecoder(
+        session.fork(),
+        min(max_batch, len(prompts)),
+        capacity,
+        pipeline.manifest.special_tokens.eos_token_ids,
+    )
+    running: dict[int, tuple[BatchSequence, str]] = {}
+    waiting = list(range(len(prompts)))
+    while waiting or decoder.active:
+        while waiting and decoder.free_rows:
+            i = waiting.pop(0)
+            policy, _, name = plans[i]
+            emit = (lambda t, i=i: on_tokens(i, t)) if on_tokens is not None else None
+            seq = decoder.add(
+                ids[i], settings[i], policy, pipeline.new_drafter(name), results[i].stats, emit
+            )
+            running[i] = (seq, name)
+        decoder.step()
+        for i, (seq, name) in list(running.items()):
+            if seq.done:
+                pipeline.remember_policy(name, seq.policy)
+                results[i].token_ids = seq.tokens
+                results[i].text = pipeline.codec.decode(seq.tokens)
+                results[i].finished = True
+                del running[i]
+    return results

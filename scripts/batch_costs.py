@@ -1,0 +1,75 @@
+"""Pass costs of the batched graph against the single-sequence graph, measured.
+
+    .venv/bin/python scripts/batch_costs.py ARTIFACT [--past 100] [--repeats 15]
+
+For rows B in 1, 2, 4, 8 and pass widths S in 1, 2, 3, 5, the median time of one batched pass
+(every row at `past` cached positions) for batch rows of 128..1024 positions, next to the gqa
+graph's one-sequence pass at the same width. Prints a table (ms); nothing else may run meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from specx.runtime import Pipeline
+from specx.runtime.backends.ort_session import use_global_thread_pool
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("artifact")
+    parser.add_argument("--past", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--contexts", default="128,256,512,1024")
+    args = parser.parse_args()
+    use_global_thread_pool()
+    pipe = Pipeline.load(args.artifact)
+    single = pipe.target.fork()
+    batched = pipe.batched_session()
+    rng = np.random.default_rng(0)
+    widths = (1, 2, 3, 5)
+    cache = single.new_cache(args.past + 8)
+
+    def one(s: int) -> None:
+        cache.truncate(args.past)
+        single.forward(rng.integers(0, 1000, s), cache)
+
+    cache.reset()
+    single.prefill(rng.integers(0, 1000, args.past), cache)
+    print(f"past {args.past}; ms per pass, median of {args.repeats}")
+    print(
+        "gqa, 1 sequence: "
+        + ", ".join(f"S={s} {median_ms(lambda s=s: one(s), args.repeats):.1f}" for s in widths)
+    )
+    contexts = [int(c) for c in args.contexts.split(",")]
+    print(f"{'rows':>4} {'context':>7} " + " ".join(f"{'S=' + str(s):>7}" for s in widths))
+    for rows in (1, 2, 4, 8):
+        for context in contexts:
+            bcache = batched.new_batch_cache(rows, context)
+            bcache.lengths[:] = args.past
+
+            def run(s: int, rows: int = rows, bcache=bcache) -> None:
+                bcache.lengths[:] = args.past
+                tokens = rng.integers(0, 1000, (rows, s))
+                batched.forward_rows(tokens, np.full(rows, s), bcache)
+
+            cells = " ".join(f"{median_ms(lambda s=s: run(s), args.repeats):>7.1f}" for s in widths)
+            print(f"{rows:>4} {context:>7} {cells}")
+
+
+if __name__ == "__main__":
+    main()

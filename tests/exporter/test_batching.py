@@ -1,0 +1,299 @@
+"""Batched speculative decoding: several sequences in one target pass (runtime/batching.py).
+
+Each sequence of a batch must decode exactly as it would alone: greedy output equal to
+transformers' own greedy output (up to float near-ties, tests/reference.py), seeded sampling equal
+to the same seed alone, whatever else shares the batch, with rows joining and leaving as they
+start and stop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import needs_exporter
+from reference import assert_same_or_near_tie, hf_greedy
+from specx.runtime import Pipeline
+from specx.runtime.errors import InputError
+
+pytestmark = needs_exporter
+
+PROMPTS = [
+    "The cat is sitting on the mat.",
+    "def add(a, b):",
+    "One, two, three, four, five, six, seven,",
+    "A key-value cache stores",
+    "Speculative decoding lets a small draft model propose tokens that a large model verifies.",
+]
+
+
+def _export(root: Path, tokenizer: Any, arch: str, features: dict[str, Any] | None = None) -> Any:
+    import tiny_models
+    from specx.exporter import ExportOptions, export_pair
+
+    saved = tiny_models.FEATURES.get(arch)
+    if features is not None:
+        tiny_models.FEATURES[arch] = features
+    try:
+        vocab = tokenizer.get_vocab_size()
+        target = tiny_models.build_model(arch, vocab, seed=1)
+        draft = tiny_models.perturbed_copy(target, 0.02, seed=7)
+    finally:
+        if saved is not None:
+            tiny_models.FEATURES[arch] = saved
+    src = tiny_models.save(target, tokenizer, root / f"{arch}-target")
+    dsrc = tiny_models.save(draft, tokenizer, root / f"{arch}-draft")
+    artifact = root / f"{arch}-artifact"
+    export_pair(
+        str(src),
+        [f"mixed={dsrc}", "ngram"],
+        artifact,
+        ExportOptions(max_length=128, batched=True),
+        log=lambda _m: None,
+    )
+    return artifact, target
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: Any, tokenizer: Any) -> Any:
+    return _export(tmp_path_factory.mktemp("batched"), tokenizer, "llama")
+
+
+def _ids(pipe: Pipeline, prompt: str) -> np.ndarray:
+    return pipe.encode_prompt(prompt)
+
+
+def test_a_batched_export_records_its_graph_and_checks_two_rows_at_different_lengths(
+    llama: Any,
+) -> None:
+    import onnx
+
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    spec = pipe.manifest.batched
+    assert spec is not None and spec.attention == "batched" and spec.graph == "target.batched.onnx"
+    assert "ai.onnx:TensorScatter" in spec.operators
+    assert spec.parity["batch_max_abs_logit_diff"] <= spec.parity["tolerance"]
+    assert spec.parity["single"]["passed"]
+    model = onnx.load(str(artifact / spec.graph), load_external_data=False)
+    assert {o.domain: o.version for o in model.opset_import}[""] == 24
+    assert pipe.manifest.target.attention == "gqa"  # single sequences keep the fast graph
+
+
+@pytest.mark.parametrize(
+    ("drafter", "k"), [("none", 0), ("ngram", 3), ("mixed", 3), ("mixed", "auto")]
+)
+def test_every_sequence_of_a_batch_decodes_as_transformers_greedy(
+    llama: Any, drafter: str, k: Any
+) -> None:
+    artifact, target = llama
+    pipe = Pipeline.load(artifact)
+    eos = pipe.manifest.special_tokens.eos_token_ids
+    lengths = [20, 7, 30, 12, 25]  # rows stop at different steps; later prompts join
+    settings = [pipe_settings(max_new_tokens=n, drafter=drafter, k=k) for n in lengths]
+    results = pipe.generate_batch(PROMPTS, settings, max_batch=3)
+    for prompt, n, result in zip(PROMPTS, lengths, results, strict=True):
+        ids = _ids(pipe, prompt)
+        want = hf_greedy(target, ids, n, eos)
+        assert_same_or_near_tie(target, ids, result.token_ids, want)
+        assert result.finished and result.stats.new_tokens == len(result.token_ids)
+        assert result.text == pipe.codec.decode(result.token_ids)
+
+
+def pipe_settings(**options: Any) -> Any:
+    from specx.runtime.settings import GenerationSettings
+
+    return GenerationSettings.of(None, **options)
+
+
+def test_a_seeded_sample_in_a_batch_is_the_same_text_as_alone(llama: Any) -> None:
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    options = {"max_new_tokens": 24, "temperature": 3.0, "drafter": "mixed", "k": 3}
+    alone = [pipe.generate(p, seed=11 + i, **options).token_ids for i, p in enumerate(PROMPTS)]
+    mates = [pipe_settings(seed=11 + i, **options) for i in range(len(PROMPTS))]
+    together = pipe.generate_batch(PROMPTS, mates, max_batch=4)
+    assert [r.token_ids for r in together] == alone
+    # other batch mates (other seeds, other order) leave each sequence's text unchanged
+    shuffled = pipe.generate_batch(PROMPTS[::-1], mates[::-1], max_batch=2)
+    assert [r.token_ids for r in shuffled][::-1] == alone
+    assert len({tuple(t) for t in alone}) == len(alone)
+
+
+def test_a_sliding_window_model_decodes_exactly_in_a_batch(tmp_path: Path, tokenizer: Any) -> None:
+    artifact, target = _export(tmp_path, tokenizer, "gemma3")
+    pipe = Pipeline.load(artifact)
+    eos = pipe.manifest.special_tokens.eos_token_ids
+    settings = [pipe_settings(max_new_tokens=24, drafter="mixed", k=2) for _ in PROMPTS[:3]]
+    results = pipe.generate_batch(PROMPTS[:3], settings, max_batch=3)
+    for prompt, result in zip(PROMPTS, results, strict=False):
+        ids = _ids(pipe, prompt)
+        assert_same_or_near_tie(target, ids, result.token_ids, hf_greedy(target, ids, 24, eos))
+
+
+def test_gpt2_exports_a_batched_graph_too(tmp_path: Path, tokenizer: Any) -> None:
+    artifact, target = _export(tmp_path, tokenizer, "gpt2")
+    pipe = Pipeline.load(artifact)
+    eos = pipe.manifest.special_tokens.eos_token_ids
+    results = pipe.generate_batch(PROMPTS[:2], max_new_tokens=16, drafter="ngram", k=2)
+    for prompt, result in zip(PROMPTS, results, strict=False):
+        ids = _ids(pipe, prompt)
+        assert_same_or_near_tie(target, ids, result.token_ids, hf_greedy(target, ids, 16, eos))
+
+
+def test_rows_join_and_leave_and_several_share_each_pass(llama: Any) -> None:
+    from specx.runtime.batching import BatchDecoder
+    from specx.runtime.generate import FixedK
+    from specx.runtime.stats import Stats
+
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    session = pipe.batched_session()
+    decoder = BatchDecoder(session.fork(), 2, 96, pipe.manifest.special_tokens.eos_token_ids)
+    emitted: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    seqs = {}
+    for i, n in ((0, 5), (1, 12)):
+        seqs[i] = decoder.add(
+            _ids(pipe, PROMPTS[i]),
+            pipe_settings(max_new_tokens=n),
+            FixedK(0),
+            None,
+            Stats(),
+            emitted[i].extend,
+        )
+    assert decoder.free_rows == 0
+    with pytest.raises(InputError, match="busy"):
+        decoder.add(_ids(pipe, PROMPTS[2]), pipe_settings(), FixedK(0), None, Stats())
+    while not seqs[0].done:
+        decoder.step()
+    assert decoder.free_rows == 1 and not seqs[1].done  # row 0 left, row 1 goes on
+    seqs[2] = decoder.add(
+        _ids(pipe, PROMPTS[2]),
+        pipe_settings(max_new_tokens=4),
+        FixedK(0),
+        None,
+        Stats(),
+        emitted[2].extend,
+    )
+    decoder.run()
+    assert max(decoder.rows_per_pass) == 2
+    for i, n in ((0, 5), (1, 12), (2, 4)):
+        assert emitted[i] == seqs[i].tokens and len(seqs[i].tokens) == n
+        assert seqs[i].stats.stop_reason == "max_new_tokens"
+        alone = pipe.generate(PROMPTS[i], max_new_tokens=n, k=0).token_ids
+        assert seqs[i].tokens == alone
+    assert decoder.cache.lengths.tolist() == [0, 0]  # finished rows hold nothing
+
+
+def test_batching_refuses_what_it_cannot_do_with_a_clear_error(llama: Any, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    with pytest.raises(InputError, match="max_batch"):
+        pipe.generate_batch(PROMPTS[:1], max_batch=0)
+    with pytest.raises(InputError, match="2 settings for 1 prompts"):
+        pipe.generate_batch(PROMPTS[:1], [pipe_settings(), pipe_settings()])
+    with pytest.raises(InputError, match="unknown drafter"):
+        pipe.generate_batch(PROMPTS[:1], drafter="nope")
+    single = tmp_path / "single"
+    shutil.copytree(artifact, single, ignore=shutil.ignore_patterns("target.batched.onnx"))
+    data = json.loads((single / "manifest.json").read_text())
+    del data["batched"]
+    (single / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match=r"no batched graph.*--batched"):
+        Pipeline.load(single).generate_batch(PROMPTS[:1])
+    assert pipe.generate_batch([]) == []
+
+
+def test_threads_sharing_a_batching_pipeline_get_their_solo_outputs(llama: Any) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    jobs = [
+        {"max_new_tokens": 12 + 3 * i, "drafter": d, "k": k}
+        for i, (d, k) in enumerate([("mixed", 3), ("ngram", 2), ("none", 0), ("mixed", "auto")])
+    ]
+    jobs.append({"max_new_tokens": 20, "temperature": 2.0, "seed": 5, "drafter": "mixed", "k": 2})
+    alone = [pipe.generate(p, **j).token_ids for p, j in zip(PROMPTS, jobs, strict=True)]
+    long_alone = pipe.generate(PROMPTS[4], max_new_tokens=60, k=0).token_ids
+    pipe.enable_batching(max_batch=3, context=96)
+    try:
+        with ThreadPoolExecutor(5) as pool:
+            together = list(
+                pool.map(lambda pj: pipe.generate(pj[0], **pj[1]), zip(PROMPTS, jobs, strict=True))
+            )
+        assert [r.token_ids for r in together] == alone
+        assert max(pipe.batching.decoder.rows_per_pass) > 1  # they did share passes
+        # a stream closed early frees its row; the next generations still run
+        generation = pipe.stream(PROMPTS[0], max_new_tokens=40, k=0)
+        next(iter(generation))
+        generation.close()
+        assert generation.result.stats.stop_reason == "interrupted"
+        assert pipe.generate(PROMPTS[1], **jobs[1]).token_ids == alone[1]
+        # too long for a batch row: runs alone, exactly as before
+        passes = pipe.batching.decoder.passes
+        assert pipe.generate(PROMPTS[4], max_new_tokens=60, k=0).token_ids == long_alone
+        assert pipe.batching.decoder.passes == passes
+    finally:
+        pipe.disable_batching()
+    assert pipe.batching is None
+
+
+def test_specx_serve_batches_concurrent_openai_requests(llama: Any) -> None:
+    import socket
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    pytest.importorskip("uvicorn")
+    openai = pytest.importorskip("openai")
+    import uvicorn
+
+    from specx.apps.serve import ServeConfig, Server
+
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    want = [pipe.generate(p, max_new_tokens=16, k=3, drafter="mixed").text for p in PROMPTS[:4]]
+    pipe.enable_batching(max_batch=4, context=96)
+    app = Server(pipe, ServeConfig(model_name="tiny", max_concurrency=4)).app()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1",
+            api_key="unused",
+            max_retries=0,
+            timeout=60,
+        )
+
+        def ask(prompt: str) -> str:
+            out = client.completions.create(
+                model="tiny",
+                prompt=prompt,
+                max_tokens=16,
+                temperature=0,
+                extra_body={"k": 3, "drafter": "mixed"},
+            )
+            return out.choices[0].text
+
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(ask, PROMPTS[:4]))
+        assert got == want
+        assert max(pipe.batching.decoder.rows_per_pass) > 1
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+        pipe.disable_batching()
