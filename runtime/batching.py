@@ -341,13 +341,13 @@ def run_batch(
     on_tokens: Callable[[int, np.ndarray], None] | None = None,
 ) -> list[GenerationResult]:
     """Pipeline.generate_batch: every prompt through one BatchDecoder, `max_batch` at a time."""
-    from specx.runtime.pipeline import GenerationResult
+    from specx.runtime.pipeline import GenerationResult, policy_memory
 
     if not 1 <= max_batch <= 256:
         raise InputError(f"max_batch must be in 1..256, got {max_batch}")
     session = pipeline.batched_session()
     assert isinstance(session, OrtSession)
-    plans = [pipeline.resolve_policy(s) for s in settings]
+    plans = [pipeline.resolve_policy(s, batched=True) for s in settings]
     ids = [
         pipeline.encode_prompt(p, s.chat, s.system) for p, s in zip(prompts, settings, strict=True)
     ]
@@ -383,7 +383,7 @@ def run_batch(
         decoder.step()
         for i, (seq, name) in list(running.items()):
             if seq.done:
-                pipeline.remember_policy(name, seq.policy)
+                pipeline.remember_policy(policy_memory(name, True), seq.policy)
                 results[i].token_ids = seq.tokens
                 results[i].text = pipeline.codec.decode(seq.tokens)
                 results[i].finished = True

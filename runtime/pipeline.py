@@ -77,6 +77,12 @@ class Generation:
         self._iterator.close()  # type: ignore[attr-defined]
 
 
+def policy_memory(drafter: str, batched: bool) -> str:
+    """Under which name -k auto keeps what it learned: alone and in a batch, drafting and
+    verifying cost differently, so the two never start from each other's estimates."""
+    return f"{drafter} (batched)" if batched else drafter
+
+
 class Pipeline:
     def __init__(
         self,
@@ -224,7 +230,8 @@ class Pipeline:
             return len(self._pool.get(drafter, []))
 
     def remember_policy(self, drafter: str, policy: KPolicy) -> None:
-        """Keep what a -k auto generation learned, for the next ones with this drafter."""
+        """Keep what a -k auto generation learned, for the next ones with this drafter (batched
+        generations under policy_memory(drafter, True): their costs are the batch's)."""
         if isinstance(policy, AdaptiveK) and policy.history:
             with self._lock:
                 self._learned[drafter] = policy
@@ -264,7 +271,9 @@ class Pipeline:
             raise InputError(f"prompt token ids must lie in [0, {vocab})")
         return ids
 
-    def resolve_policy(self, settings: GenerationSettings) -> tuple[KPolicy, int, str]:
+    def resolve_policy(
+        self, settings: GenerationSettings, batched: bool = False
+    ) -> tuple[KPolicy, int, str]:
         """(K policy, K to report, drafter name) for these settings on this artifact."""
         name = settings.drafter or self.default_drafter
         if name not in self.drafter_names:
@@ -281,7 +290,7 @@ class Pipeline:
                 raise InputError("-k auto needs a drafter", "pass --draft NAME (or ngram)")
             max_k = min(settings.max_k, limit)
             policy = AdaptiveK(max_k=max_k)
-            previous = self.learned_policy(name)
+            previous = self.learned_policy(policy_memory(name, batched))
             if previous is not None:
                 policy.inherit(previous)
             return policy, max_k, name
@@ -319,18 +328,21 @@ class Pipeline:
         max_k); temperature 0 (the default) is greedy.
         """
         settings = GenerationSettings.of(settings, **options)
-        policy, k_shown, drafter_name = self.resolve_policy(settings)
+        self.resolve_policy(settings)  # drafter and K are checked before the prompt
         prompt_ids = self.encode_prompt(prompt, settings.chat, settings.system)
+        scheduler = self._scheduler
+        batched = scheduler is not None and scheduler.fits(
+            int(prompt_ids.shape[0]), settings.max_new_tokens, MAX_K
+        )
+        policy, k_shown, drafter_name = self.resolve_policy(settings, batched)
         stats = Stats(k=k_shown, drafter=drafter_name, adaptive=isinstance(policy, AdaptiveK))
         result = GenerationResult("", [], prompt_ids.tolist(), stats, finished=False)
-        scheduler = self._scheduler
-        if scheduler is not None and scheduler.fits(
-            int(prompt_ids.shape[0]), settings.max_new_tokens, k_shown
-        ):
+        if scheduler is not None and batched:
             tokens = self._submit(scheduler, prompt_ids, settings, policy, drafter_name, result)
         else:
             tokens = self._solo(prompt_ids, settings, policy, drafter_name, result)
-        return Generation(self._text(tokens, policy, drafter_name, result), result)
+        memory = policy_memory(drafter_name, batched)
+        return Generation(self._text(tokens, policy, memory, result), result)
 
     def _solo(
         self,
@@ -381,7 +393,7 @@ class Pipeline:
         self,
         tokens: Iterator[np.ndarray],
         policy: KPolicy,
-        drafter_name: str,
+        memory: str,
         result: GenerationResult,
     ) -> Iterator[str]:
         decoder = self.codec.stream_decoder()
@@ -402,7 +414,7 @@ class Pipeline:
             if not result.finished:
                 result.text += decoder.flush()
                 result.stats.stop_reason = result.stats.stop_reason or "interrupted"
-            self.remember_policy(drafter_name, policy)
+            self.remember_policy(memory, policy)
 
     def generate(
         self, prompt: Prompt, settings: GenerationSettings | None = None, **options: Any
