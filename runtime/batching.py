@@ -145,14 +145,20 @@ class BatchDecoder:
         rows: int,
         capacity: int,
         eos_token_ids: tuple[int, ...],
+        single: OrtSession | None = None,
     ) -> None:
+        """session: the batched graph. single: the target's gqa graph, if it can share the
+        cache (same layout): then passes GroupQueryAttention can take (one row, or one token per
+        row) run there, faster than the batched graph's attention over whole rows."""
         self.session = session
+        self.single = single if single is not None and single.spec.attention == "gqa" else None
         self.cache = session.new_batch_cache(rows, capacity)
         self.capacity = capacity
         self.eos = set(eos_token_ids)
         self._rows: list[BatchSequence | None] = [None] * rows
         self.widths = WidthPlanner()
-        self.passes = 0  # batched passes after prefill
+        self.passes = 0  # passes after prefill
+        self.single_passes = 0  # of them, passes of the gqa graph
         self.rows_per_pass: list[int] = []  # sequences in each of them
 
     @property
@@ -200,10 +206,11 @@ class BatchDecoder:
         stats.prompt_tokens = n
         t0 = perf_counter()
         self.cache.lengths[row] = 0
-        chunk = self.session.max_chunk
+        prefill = self.single or self.session
+        chunk = prefill.max_chunk
         for start in range(0, n - 1, chunk):
             part = prompt[start : min(start + chunk, n - 1)]
-            self.session.forward_rows(part[None], np.array([part.shape[0]]), self.cache, row)
+            prefill.forward_rows(part[None], np.array([part.shape[0]]), self.cache, row)
         if drafter is not None:
             drafter.start(prompt, DraftRequest(settings.sampling, noise, settings.draft_p_min))
         stats.prefill_s = perf_counter() - t0
@@ -240,8 +247,12 @@ class BatchDecoder:
             tokens[s.row - first, 0] = s.context[s.n_context - 1]
             tokens[s.row - first, 1 : 1 + n] = s.proposal.tokens
             counts[s.row - first] = 1 + n
+        runner = self.session
+        if self.single is not None and (width == 1 or last == first):
+            runner = self.single
+            self.single_passes += 1
         t0 = perf_counter()
-        logits = self.session.forward_rows(tokens, counts, self.cache, first)  # [rows, width, V]
+        logits = runner.forward_rows(tokens, counts, self.cache, first)  # [rows, width, V]
         verify_s = perf_counter() - t0
         self.widths.observe(last - first + 1, width, verify_s)
         self.passes += 1
@@ -325,6 +336,14 @@ class BatchDecoder:
         self._rows[s.row] = None
 
 
+def single_graph(pipeline: Pipeline) -> OrtSession | None:
+    """A fork of the target's own graph for the passes it can take in a batch (gqa only)."""
+    target = pipeline.target
+    if isinstance(target, OrtSession) and target.spec.attention == "gqa":
+        return target.fork()
+    return None
+
+
 def batch_capacity(needs: list[int], max_k: int, limit: int) -> int:
     """Positions per row: the longest sequence (prompt + new tokens) plus room for a full
     verify pass, rounded up to 64, at most `limit`. Attention reads every slot of a row, so the
@@ -368,6 +387,7 @@ def run_batch(
         min(max_batch, len(prompts)),
         capacity,
         pipeline.manifest.special_tokens.eos_token_ids,
+        single_graph(pipeline),
     )
     running: dict[int, tuple[BatchSequence, str]] = {}
     waiting = list(range(len(prompts)))

@@ -20,6 +20,7 @@ from specx.runtime.adaptive import AdaptiveK
 from specx.runtime.backends import GraphSession, choose_providers, open_graph
 from specx.runtime.backends.ort_session import OrtSession
 from specx.runtime.backends.providers import check_threads
+from specx.runtime.batching import BatchDecoder, single_graph
 from specx.runtime.contract import TOKENIZER_FILE, Manifest, ModelSpec
 from specx.runtime.drafters import registry
 from specx.runtime.drafters.base import Drafter
@@ -195,7 +196,13 @@ class Pipeline:
             )
         self.disable_batching()
         self._scheduler = BatchScheduler(
-            session.fork(), max_batch, context, self.manifest.special_tokens.eos_token_ids
+            BatchDecoder(
+                session.fork(),
+                max_batch,
+                context,
+                self.manifest.special_tokens.eos_token_ids,
+                single_graph(self),
+            )
         )
 
     def disable_batching(self) -> None:

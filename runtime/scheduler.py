@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specx.runtime.backends.ort_session import OrtSession
 from specx.runtime.batching import BatchDecoder, BatchSequence
 from specx.runtime.drafters.base import Drafter
 from specx.runtime.generate import KPolicy
@@ -62,11 +61,9 @@ class Submission:
 
 
 class BatchScheduler:
-    def __init__(
-        self, session: OrtSession, max_batch: int, context: int, eos_token_ids: tuple[int, ...]
-    ) -> None:
-        self.decoder = BatchDecoder(session, max_batch, context, eos_token_ids)
-        self.context = context
+    def __init__(self, decoder: BatchDecoder) -> None:
+        self.decoder = decoder
+        self.context = decoder.capacity
         self._inbox: queue.SimpleQueue[Submission | None] = queue.SimpleQueue()
         self._running: dict[int, tuple[BatchSequence, Submission]] = {}
         self._stopped = False

@@ -300,19 +300,24 @@ class OrtSession(GraphSession):
     def forward_rows(
         self, tokens: np.ndarray, counts: np.ndarray, cache: BatchKVCache, first_row: int = 0
     ) -> np.ndarray:
-        """One pass of a batched graph over cache rows first_row .. first_row + batch - 1.
+        """One pass over cache rows first_row .. first_row + batch - 1 of a BatchKVCache.
 
         tokens [batch, seq] int64: row b's counts[b] real tokens, then padding; they go at
         positions lengths[row] .. Each row's length grows by its count (the caller truncates to
         what it keeps). Returns logits [batch, seq, vocab], a view that the next call overwrites.
+
+        A batched graph takes any such pass. A gqa graph (same cache layout) takes the passes
+        GroupQueryAttention can run over rows of different lengths: one row of any width, or
+        one token per row (rows with no token are written at their length and stay empty).
         """
-        if self.spec.attention != "batched":
+        batch, seq = int(tokens.shape[0]), int(tokens.shape[1])
+        gqa = self.spec.attention == "gqa"
+        if not (self.spec.attention == "batched" or (gqa and (batch == 1 or seq == 1))):
             raise InputError(
-                f"{self.path.name} is a {self.spec.attention} graph; several sequences per pass "
-                "need a batched graph",
+                f"{self.path.name} is a {self.spec.attention} graph; {batch} rows of {seq} "
+                "tokens in one pass need a batched graph",
                 "re-export with `specx export --batched`",
             )
-        batch, seq = int(tokens.shape[0]), int(tokens.shape[1])
         rows = slice(first_row, first_row + batch)
         starts = cache.lengths[rows].copy()  # [batch]
         if first_row + batch > cache.rows or seq < 1:
@@ -331,8 +336,14 @@ class OrtSession(GraphSession):
         self._bound_cache = None  # this binding no longer holds a single-sequence cache
         io.bind_cpu_input(contract.INPUT_IDS, np.ascontiguousarray(tokens, dtype=np.int64))
         positions = starts[:, None] + np.arange(seq, dtype=np.int64)[None, :]  # [batch, seq]
-        io.bind_cpu_input(contract.POSITION_IDS, positions)
-        io.bind_cpu_input(contract.WRITE_INDICES, starts)
+        if self._position_ids:
+            io.bind_cpu_input(contract.POSITION_IDS, positions)
+        if gqa:
+            io.bind_cpu_input(contract.SEQLENS_K, (starts + seq - 1).astype(np.int32))
+            total = np.array(int(starts.max()) + seq, dtype=np.int32)
+            io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, total)
+        else:
+            io.bind_cpu_input(contract.WRITE_INDICES, starts)
         dev, dev_id, dt = cache.device, cache.device_id, self._cache_np_dtype
         shape = [batch, cache.kv_heads, cache.capacity, cache.head_dim]
         for layer in range(cache.num_layers):

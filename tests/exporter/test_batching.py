@@ -297,3 +297,25 @@ def test_specx_serve_batches_concurrent_openai_requests(llama: Any) -> None:
         thread.join(timeout=30)
         sock.close()
         pipe.disable_batching()
+
+
+def test_the_gqa_graph_takes_one_token_per_row_over_rows_of_different_lengths(
+    llama: Any,
+) -> None:
+    """The passes a batch routes to the single-sequence graph give the batched graph's logits."""
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    batched, single = pipe.batched_session().fork(), pipe.target.fork()
+    rng = np.random.default_rng(3)
+    caches = [batched.new_batch_cache(3, 64) for _ in range(2)]
+    for row, n in enumerate((9, 4, 13)):  # the same prompts into both caches, one by each graph
+        prompt = rng.integers(0, 300, n)[None]
+        for cache, session in zip(caches, (batched, single), strict=True):
+            session.forward_rows(prompt, np.array([n]), cache, first_row=row)
+    step = rng.integers(0, 300, (3, 1))
+    got_b = batched.forward_rows(step, np.ones(3, dtype=np.int64), caches[0]).copy()
+    got_s = single.forward_rows(step, np.ones(3, dtype=np.int64), caches[1]).copy()
+    assert np.max(np.abs(got_b - got_s)) < 1e-4
+    assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [10, 5, 14]
+    with pytest.raises(InputError, match="batched graph"):
+        single.forward_rows(rng.integers(0, 300, (3, 2)), np.full(3, 2), caches[1])
