@@ -186,9 +186,12 @@ class AdaptiveK:
         n, total = self._by_width[width]
         return (total + self.width_prior * line) / (n + self.width_prior)
 
-    def draft_cost_s(self, k: int, source: str = DEFAULT_SOURCE) -> float:
-        """The expected seconds of drafting k tokens from `source`."""
-        return 0.0 if k <= 0 else self._estimate(source).draft_s(k, self.width_prior)
+    def draft_cost_s(self, k: int, source: str = DEFAULT_SOURCE) -> float | None:
+        """The expected seconds of drafting k tokens from `source` (None: not measured yet)."""
+        if k <= 0:
+            return 0.0
+        est = self._estimate(source)
+        return est.draft_s(k, self.width_prior) if est.draft_seen else None
 
     def expected_rates(self, source: str = DEFAULT_SOURCE) -> list[float]:
         """[max_k + 1] expected tokens per second for K = 0..max_k under the current estimates."""

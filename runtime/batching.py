@@ -27,7 +27,14 @@ import numpy as np
 
 from specx.runtime.adaptive import AdaptiveK
 from specx.runtime.backends.ort_session import OrtSession
-from specx.runtime.drafters.base import NO_PROPOSAL, NONE, Drafter, DraftRequest, Proposal
+from specx.runtime.drafters.base import (
+    MODEL,
+    NO_PROPOSAL,
+    NONE,
+    Drafter,
+    DraftRequest,
+    Proposal,
+)
 from specx.runtime.errors import InputError
 from specx.runtime.generate import KPolicy, StepDecision, StepResult, Verifier, make_verifier
 from specx.runtime.sampling import PositionNoise
@@ -62,6 +69,7 @@ class BatchSequence:
     proposal: Proposal = NO_PROPOSAL
     decision: StepDecision = NO_DECISION
     k: int = 0
+    k_limit: int = 0  # the most this step may draft (room in the row, tokens still wanted)
     source: str = NONE
     draft_s: float = 0.0
     decode_start: float = 0.0  # when it joined the decoding rows
@@ -72,20 +80,26 @@ class BatchSequence:
 
 
 class WidthPlanner:
-    """Caps the width of a batched pass where widening it costs the whole batch more than it
-    gains.
+    """K for the -k auto rows of a batch, chosen for the batch as a whole.
 
-    A pass is as wide as its longest row: one row drafting 8 tokens makes every row's pass 9
-    wide, and at several rows a wide pass is no longer nearly free. Before drafting, the rows
-    whose K is chosen by -k auto are capped at the width w (1 .. the widest asked for) with the
-    most expected tokens per second over the batch: the sum of their expected tokens at
-    min(K, w - 1) (each policy's own estimate) over their drafting plus the pass at that width.
-    Rows with a fixed K keep it. Pass costs per (rows, width) are measured as the decoder runs;
-    a cell not yet measured is scaled from the nearest measured one by a prior that charges
-    each extra token 5.5% of a one-token pass (docs/bench/batching.md).
+    Alone, a policy weighs its expected tokens against its drafting plus a pass that is nearly
+    free to widen. In a batch the pass is as wide as its longest row, its cost grows with the
+    rows times the width, and every row's drafting holds up all rows. So before drafting, the
+    rows whose K is chosen by -k auto all draft up to a common cap w - 1, the w (1 .. the most
+    any may draft) with the most expected tokens per second over the batch: the sum of their
+    expected tokens at that K (each policy's own acceptance estimates) over the sum of their
+    drafting (each policy's measured costs) plus the pass at that width. Rows with a fixed K keep
+    it (the pass is then at least that wide). Pass costs per (rows, width) are measured as the
+    decoder runs; a cell not yet measured is scaled from the nearest measured one by a prior
+    charging each extra token 4% of a one-token pass (docs/bench/batching.md); a draft model not
+    yet measured is guessed at half a one-token pass per token. Until a pass was measured the
+    policies' own K stand.
     """
 
-    PER_TOKEN = 0.055
+    PER_TOKEN = 0.04
+    # a draft model's pass, as a share of a one-row one-token target pass, until measured
+    # (the int8/int4 drafts of SmolLM2 measured 0.36-0.58: docs/bench/measurements.md)
+    DRAFT_PRIOR = 0.5
 
     def __init__(self, decay: float = 0.9) -> None:
         self.decay = decay
@@ -111,29 +125,36 @@ class WidthPlanner:
         )
         return t * prior(rows, width) / prior(r, w)
 
-    def cap(self, active: list[BatchSequence], rows: int) -> None:
-        adaptive = [s for s in active if isinstance(s.policy, AdaptiveK) and s.source != NONE]
-        if not adaptive:
+    def plan(self, active: list[BatchSequence], rows: int) -> None:
+        adaptive = [s for s in active if isinstance(s.policy, AdaptiveK)]
+        one_token_s = self.pass_s(1, 1)
+        if not adaptive or one_token_s is None:
             return
-        widest = 1 + max(s.k for s in active)
-        narrowest = 1 + max((s.k for s in active if s not in adaptive), default=0)
-        best_w, best_rate = widest, -1.0
-        for w in range(narrowest, widest + 1):
-            pass_s = self.pass_s(rows, w)
-            if pass_s is None:
-                return  # nothing measured yet: no cap
-            tokens = draft_s = 0.0
-            for s in adaptive:
-                policy = s.policy
-                assert isinstance(policy, AdaptiveK)
-                k = min(s.k, w - 1)
-                tokens += policy.expected_tokens(s.source)[k]
-                draft_s += policy.draft_cost_s(k, s.source)
-            rate = tokens / (draft_s + pass_s)
+        fixed_width = 1 + max((s.k for s in active if s not in adaptive), default=0)
+        widest = 1 + max(s.k_limit for s in adaptive)
+        tokens_at = np.zeros(widest)  # [width] expected tokens of the adaptive rows
+        draft_at = np.zeros(widest)  # [width] their drafting, seconds
+        for s in adaptive:
+            policy = s.policy
+            assert isinstance(policy, AdaptiveK)
+            limit = s.k_limit if s.source != NONE else 0
+            expected = policy.expected_tokens(s.source) if limit else [1.0]
+            measured = [policy.draft_cost_s(k, s.source) for k in range(limit + 1)]
+            guess = self.DRAFT_PRIOR * one_token_s if s.source == MODEL else 0.0
+            costs = [k * guess if c is None else c for k, c in enumerate(measured)]
+            for w in range(1, widest + 1):
+                k = min(limit, w - 1)
+                tokens_at[w - 1] += expected[k]
+                draft_at[w - 1] += costs[k]
+        best_w, best_rate = 1, -1.0
+        for w in range(1, widest + 1):
+            pass_s = self.pass_s(rows, max(w, fixed_width))
+            assert pass_s is not None
+            rate = tokens_at[w - 1] / (draft_at[w - 1] + pass_s)
             if rate > best_rate:
                 best_w, best_rate = w, rate
         for s in adaptive:
-            s.k = min(s.k, best_w - 1)
+            s.k = min(s.k_limit, best_w - 1) if s.source != NONE else 0
 
 
 class BatchDecoder:
@@ -146,6 +167,7 @@ class BatchDecoder:
         capacity: int,
         eos_token_ids: tuple[int, ...],
         single: OrtSession | None = None,
+        widths: WidthPlanner | None = None,
     ) -> None:
         """session: the batched graph. single: the target's gqa graph, if it can share the
         cache (same layout): then passes GroupQueryAttention can take (one row, or one token per
@@ -156,7 +178,7 @@ class BatchDecoder:
         self.capacity = capacity
         self.eos = set(eos_token_ids)
         self._rows: list[BatchSequence | None] = [None] * rows
-        self.widths = WidthPlanner()
+        self.widths = widths or WidthPlanner()  # shared by a pipeline's batches: what passes cost
         self.passes = 0  # passes after prefill
         self.single_passes = 0  # of them, passes of the gqa graph
         self.rows_per_pass: list[int] = []  # sequences in each of them
@@ -212,7 +234,8 @@ class BatchDecoder:
             part = prompt[start : min(start + chunk, n - 1)]
             prefill.forward_rows(part[None], np.array([part.shape[0]]), self.cache, row)
         if drafter is not None:
-            drafter.start(prompt, DraftRequest(settings.sampling, noise, settings.draft_p_min))
+            request = DraftRequest(settings.sampling, noise, settings.draft_p_min, prefill=False)
+            drafter.start(prompt, request)
         stats.prefill_s = perf_counter() - t0
         seq.decode_start = perf_counter()
         self._rows[row] = seq
@@ -235,7 +258,7 @@ class BatchDecoder:
         last = max(s.row for s in active)
         for s in active:
             self._decide(s, room=self.capacity - longest - 1)
-        self.widths.cap(active, last - first + 1)
+        self.widths.plan(active, last - first + 1)
         for s in active:
             self._draft(s)
         width = 1 + max(s.proposal.tokens.shape[0] for s in active)
@@ -259,7 +282,7 @@ class BatchDecoder:
         self.rows_per_pass.append(len(active))
         for s in active:
             n = s.proposal.tokens.shape[0]
-            self._accept(s, logits[s.row - first, : 1 + n], committed[s.row], verify_s, len(active))
+            self._accept(s, logits[s.row - first, : 1 + n], committed[s.row], verify_s)
 
     def run(self) -> None:
         """Step until every sequence has stopped."""
@@ -271,7 +294,9 @@ class BatchDecoder:
         remaining = s.settings.max_new_tokens - s.stats.new_tokens
         s.source = s.drafter.source(s.committed) if s.drafter is not None else NONE
         s.decision = s.policy.decide(s.source)
-        s.k = max(0, min(s.decision.k, room, remaining - 1))
+        most = s.policy.max_k if isinstance(s.policy, AdaptiveK) else s.decision.k
+        s.k_limit = max(0, min(room, remaining - 1, most))
+        s.k = max(0, min(s.decision.k, s.k_limit))
 
     def _draft(self, s: BatchSequence) -> None:
         t0 = perf_counter()
@@ -282,12 +307,9 @@ class BatchDecoder:
         s.draft_s = perf_counter() - t0
 
     def _accept(
-        self, s: BatchSequence, logits: np.ndarray, committed: int, verify_s: float, sharing: int
+        self, s: BatchSequence, logits: np.ndarray, committed: int, verify_s: float
     ) -> None:
-        """Verify and commit one row. Its K policy is charged `sharing` times its drafting: the
-        rows draft one after another before the shared pass, so at `sharing` rows drafting alike,
-        each row's drafting holds up every row (what makes a draft model stop paying as the
-        batch fills, while a free lookup still does)."""
+        """Verify and commit one row, and tell its policy how its proposal fared."""
         proposal = s.proposal
         n_accepted, next_token = s.verify(proposal, logits, s.n_context)
         self.cache.lengths[s.row] = committed + 1 + n_accepted
@@ -298,7 +320,7 @@ class BatchDecoder:
             source=s.source,
             proposed=int(proposal.tokens.shape[0]),
             accepted=n_accepted,
-            draft_s=s.draft_s * sharing,
+            draft_s=s.draft_s,
             verify_s=verify_s,
             draft_passes=proposal.model_passes,
             catchup=proposal.catchup,
@@ -388,24 +410,33 @@ def run_batch(
         capacity,
         pipeline.manifest.special_tokens.eos_token_ids,
         single_graph(pipeline),
+        pipeline.batch_pass_costs,
     )
-    running: dict[int, tuple[BatchSequence, str]] = {}
+    running: dict[int, tuple[BatchSequence, str, Drafter | None]] = {}
     waiting = list(range(len(prompts)))
-    while waiting or decoder.active:
-        while waiting and decoder.free_rows:
-            i = waiting.pop(0)
-            policy, _, name = plans[i]
-            emit = (lambda t, i=i: on_tokens(i, t)) if on_tokens is not None else None
-            seq = decoder.add(
-                ids[i], settings[i], policy, pipeline.new_drafter(name), results[i].stats, emit
-            )
-            running[i] = (seq, name)
-        decoder.step()
-        for i, (seq, name) in list(running.items()):
-            if seq.done:
-                pipeline.remember_policy(policy_memory(name, True), seq.policy)
-                results[i].token_ids = seq.tokens
-                results[i].text = pipeline.codec.decode(seq.tokens)
-                results[i].finished = True
-                del running[i]
+    try:
+        while waiting or decoder.active:
+            while waiting and decoder.free_rows:
+                i = waiting.pop(0)
+                policy, _, name = plans[i]
+                emit = (lambda t, i=i: on_tokens(i, t)) if on_tokens is not None else None
+                drafter = pipeline.take_drafter(name)  # back to the pool once its row is done
+                running[i] = (
+                    decoder.add(ids[i], settings[i], policy, drafter, results[i].stats, emit),
+                    name,
+                    drafter,
+                )
+            decoder.step()
+            for i, (seq, name, drafter) in list(running.items()):
+                if seq.done:
+                    del running[i]
+                    pipeline.give_drafter(name, drafter)
+                    pipeline.remember_policy(policy_memory(name, True), seq.policy)
+                    results[i].token_ids = seq.tokens
+                    results[i].text = pipeline.codec.decode(seq.tokens)
+                    results[i].finished = True
+    finally:
+        for seq, name, drafter in running.values():  # an error stopped the batch
+            decoder.cancel(seq)
+            pipeline.give_drafter(name, drafter)
     return results

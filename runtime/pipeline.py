@@ -20,7 +20,7 @@ from specx.runtime.adaptive import AdaptiveK
 from specx.runtime.backends import GraphSession, choose_providers, open_graph
 from specx.runtime.backends.ort_session import OrtSession
 from specx.runtime.backends.providers import check_threads
-from specx.runtime.batching import BatchDecoder, single_graph
+from specx.runtime.batching import BatchDecoder, WidthPlanner, single_graph
 from specx.runtime.contract import TOKENIZER_FILE, Manifest, ModelSpec
 from specx.runtime.drafters import registry
 from specx.runtime.drafters.base import Drafter
@@ -107,6 +107,7 @@ class Pipeline:
         self._learned: dict[str, AdaptiveK] = {}  # -k auto: what each drafter's runs taught
         self._free_drafters: dict[str, list[Drafter | None]] = {}  # for batched generations
         self._scheduler: BatchScheduler | None = None
+        self.batch_pass_costs = WidthPlanner()  # what batched passes cost, measured as they run
 
     @classmethod
     def load(
@@ -167,14 +168,15 @@ class Pipeline:
         )
         return registry.build_drafter(drafter_name, resources)
 
-    def _take_drafter(self, drafter_name: str) -> Drafter | None:
+    def take_drafter(self, drafter_name: str) -> Drafter | None:
+        """A drafter from the pool kept for batched generations (give it back when done)."""
         with self._lock:
             free = self._free_drafters.setdefault(drafter_name, [])
             if free:
                 return free.pop()
         return self.new_drafter(drafter_name)
 
-    def _give_drafter(self, drafter_name: str, drafter: Drafter | None) -> None:
+    def give_drafter(self, drafter_name: str, drafter: Drafter | None) -> None:
         with self._lock:
             self._free_drafters[drafter_name].append(drafter)
 
@@ -202,6 +204,7 @@ class Pipeline:
                 context,
                 self.manifest.special_tokens.eos_token_ids,
                 single_graph(self),
+                self.batch_pass_costs,
             )
         )
 
@@ -385,14 +388,14 @@ class Pipeline:
         result: GenerationResult,
     ) -> Iterator[np.ndarray]:
         """The generation as a row of the shared batch (enable_batching)."""
-        drafter = self._take_drafter(drafter_name)
+        drafter = self.take_drafter(drafter_name)
         submission = Submission(
             prompt_ids,
             settings,
             policy,
             drafter,
             result.stats,
-            release=lambda: self._give_drafter(drafter_name, drafter),
+            release=lambda: self.give_drafter(drafter_name, drafter),
         )
         yield from scheduler.submit(submission).tokens()
 

@@ -57,6 +57,9 @@ class DraftRequest:
     sampling: SamplingParams
     noise: PositionNoise  # the generation's keyed random numbers (shared with the verifier)
     min_confidence: float = 0.0  # a model draft stops below this top probability (0: never)
+    # a draft model reads the prompt at start (True), or only when first asked to propose (a
+    # batch row whose K may stay 0 then never pays for it)
+    prefill: bool = True
 
 
 class Drafter(Protocol):

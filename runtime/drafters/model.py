@@ -62,7 +62,7 @@ class ModelDrafter:
     def start(self, prompt: np.ndarray, request: DraftRequest) -> None:
         self._request = request
         self.cache.reset()
-        if prompt.shape[0] > 1:
+        if request.prefill and prompt.shape[0] > 1:
             self.session.prefill(self._input(prompt[:-1]), self.cache)
 
     def _next(
