@@ -126,6 +126,14 @@ def serve(
     "one; its version must match the backend stub's).",
 )
 @click.option("--force", is_flag=True, help="Replace an existing repository.")
+@click.option(
+    "--batch",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Sequences sharing each target pass (0: requests one at a time). Needs export --batched.",
+)
+@click.option("--batch-context", type=int, default=None, help="Positions of a batch row.")
 @debug_option
 @user_errors
 def triton(
@@ -136,13 +144,17 @@ def triton(
     threads: int | None,
     python: str | None,
     force: bool,
+    batch: int,
+    batch_context: int | None,
     debug: bool,
 ) -> None:
     """Write a Triton Inference Server model repository that serves ARTIFACT (Python backend,
     decoupled: /v2/models/NAME/generate and generate_stream, gRPC streaming)."""
     from specx.apps.triton.repository import python_environment, write_repository
 
-    model = write_repository(artifact, output, name, instances, threads, force, python)
+    model = write_repository(
+        artifact, output, name, instances, threads, force, python, batch, batch_context
+    )
     env = python_environment(python)
     click.echo(f"wrote {model}", err=True)
     click.echo(

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import site
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,16 @@ class TritonPythonModel:
         threads = int(params.get("threads") or 0) or None
         self.pipeline = Pipeline.load(params["artifact"], threads=threads)
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        # max_batch > 0: requests run in worker threads and share target passes (the pipeline's
+        # batch scheduler); execute returns at once, each worker answers its own request.
+        self.max_batch = int(params.get("max_batch") or 0)
+        self._workers: ThreadPoolExecutor | None = None
+        if self.max_batch:
+            context = int(params.get("batch_context") or 0) or None
+            self.pipeline.enable_batching(self.max_batch, context)
+            self._workers = ThreadPoolExecutor(
+                4 * self.max_batch, thread_name_prefix="specx-triton"
+            )
 
     def _request(self, request: Any) -> tuple[Any, Any, bool, bool]:
         """(prompt ids, GenerationSettings, stream, chat) of one request."""
@@ -111,32 +122,42 @@ class TritonPythonModel:
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            sender = request.get_response_sender()
-            try:
-                prompt, settings, stream, _chat = self._request(request)
-                generation = self.pipeline.stream(prompt, settings)
-                text = ""
-                for delta in generation:
-                    if sender.is_cancelled():
-                        break
-                    text += delta
-                    if stream:
-                        sender.send(pb_utils.InferenceResponse([_strings("text_output", delta)]))
-                generation.close()
-                stats = json.dumps(generation.result.stats.to_json())
-                final = [_strings("text_output", "" if stream else text)]
-                final.append(_strings("specx_stats", stats))
-                sender.send(
-                    pb_utils.InferenceResponse(final),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-                )
-            except (self._input_error, ValueError, TypeError) as e:
-                error = pb_utils.TritonError(str(e))
-                sender.send(
-                    pb_utils.InferenceResponse(error=error),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-                )
+            if self._workers is not None:
+                self._workers.submit(self._serve, request)
+            else:
+                self._serve(request)
         return None
 
+    def _serve(self, request: Any) -> None:
+        """Generate for one request and send its responses (in a worker when batching)."""
+        sender = request.get_response_sender()
+        try:
+            prompt, settings, stream, _chat = self._request(request)
+            generation = self.pipeline.stream(prompt, settings)
+            text = ""
+            for delta in generation:
+                if sender.is_cancelled():
+                    break
+                text += delta
+                if stream:
+                    sender.send(pb_utils.InferenceResponse([_strings("text_output", delta)]))
+            generation.close()
+            stats = json.dumps(generation.result.stats.to_json())
+            final = [_strings("text_output", "" if stream else text)]
+            final.append(_strings("specx_stats", stats))
+            sender.send(
+                pb_utils.InferenceResponse(final),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+        except (self._input_error, ValueError, TypeError, RuntimeError) as e:
+            error = pb_utils.TritonError(str(e))
+            sender.send(
+                pb_utils.InferenceResponse(error=error),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
+
     def finalize(self) -> None:
+        if self._workers is not None:
+            self._workers.shutdown(wait=True, cancel_futures=True)
+            self.pipeline.disable_batching()
         del self.pipeline  # the graphs and caches go with it

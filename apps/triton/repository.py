@@ -86,7 +86,13 @@ def python_environment(python: str | None = None) -> PythonEnvironment:
 
 
 def config_text(
-    name: str, artifact: Path, instances: int, threads: int | None, env: PythonEnvironment
+    name: str,
+    artifact: Path,
+    instances: int,
+    threads: int | None,
+    env: PythonEnvironment,
+    batch: int = 0,
+    batch_context: int | None = None,
 ) -> str:
     inputs = ",\n".join(
         f'  {{ name: "{n}" data_type: {t} dims: [ 1 ]{" optional: true" if o else ""} }}'
@@ -98,6 +104,8 @@ def config_text(
         "site_packages": ":".join(env.site_packages),
         "python_version": env.version,
         "threads": str(threads or 0),
+        "max_batch": str(batch),
+        "batch_context": str(batch_context or 0),
     }
     params = "\n".join(
         f'parameters: {{ key: "{k}" value: {{ string_value: "{v}" }} }}'
@@ -119,12 +127,25 @@ def write_repository(
     threads: int | None = None,
     force: bool = False,
     python: str | None = None,
+    batch: int = 0,
+    batch_context: int | None = None,
 ) -> Path:
     """Write the repository; returns the model's folder. `python`: the interpreter whose
-    environment the backend runs specx in (default: this one)."""
+    environment the backend runs specx in (default: this one). `batch` > 0: requests share
+    target passes, up to `batch` sequences each (rows of `batch_context` positions)."""
     env = python_environment(python)
     artifact = artifact.resolve()
-    Manifest.read(artifact)  # refuse what could not be served, now rather than in Triton's log
+    manifest = Manifest.read(artifact)  # refuse what could not be served, now, not in Triton
+    if not 0 <= batch <= 256:
+        raise InputError(f"--batch must be in 0..256, got {batch}")
+    if batch and manifest.batched is None:
+        raise InputError(
+            "--batch needs an artifact with a batched graph", "re-export with --batched"
+        )
+    if batch_context is not None and not 2 <= batch_context <= manifest.max_length:
+        raise InputError(
+            f"--batch-context must be in 2..{manifest.max_length}, got {batch_context}"
+        )
     if not name.replace("-", "").replace("_", "").isalnum():
         raise InputError(f"model name {name!r} must be letters, digits, - and _")
     if instances < 1:
@@ -137,7 +158,8 @@ def write_repository(
         os.chmod(staged, 0o755)
         model = staged / name
         (model / "1").mkdir(parents=True)
-        (model / "config.pbtxt").write_text(config_text(name, artifact, instances, threads, env))
+        config = config_text(name, artifact, instances, threads, env, batch, batch_context)
+        (model / "config.pbtxt").write_text(config)
         source = resources.files("specx.apps.triton").joinpath("model.py")
         (model / "1" / "model.py").write_text(source.read_text("utf-8"))
         if output.exists():

@@ -15,6 +15,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +43,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def triton(tmp_path_factory: Any, llama_pair: TinyPair) -> Iterator[tuple[str, str]]:
-    from specx.apps.triton.repository import python_environment, write_repository
+@contextmanager
+def tritonserver(repository: Path) -> Iterator[tuple[str, str]]:
+    """A tritonserver on free local ports serving `repository`; (HTTP base, gRPC address)."""
+    from specx.apps.triton.repository import python_environment
 
-    repository = tmp_path_factory.mktemp("triton") / "repository"
-    write_repository(llama_pair.artifact, repository, instances=1, python=PYTHON)
     env_of = python_environment(PYTHON)
     http, grpc = free_port(), free_port()
     env = dict(os.environ)
@@ -104,6 +104,16 @@ def triton(tmp_path_factory: Any, llama_pair: TinyPair) -> Iterator[tuple[str, s
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory: Any, llama_pair: TinyPair) -> Iterator[tuple[str, str]]:
+    from specx.apps.triton.repository import write_repository
+
+    repository = tmp_path_factory.mktemp("triton") / "repository"
+    write_repository(llama_pair.artifact, repository, instances=1, python=PYTHON)
+    with tritonserver(repository) as addresses:
+        yield addresses
 
 
 def test_the_generate_endpoint_gives_specx_run_text_and_stats(
@@ -212,3 +222,45 @@ def test_a_bad_request_gets_an_error_and_the_model_keeps_serving(
         timeout=60,
     )
     assert again.status_code == 200
+
+
+def test_a_batching_repository_serves_concurrent_requests_with_their_solo_text(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import tiny_models
+    from specx.apps.triton.repository import write_repository
+    from specx.exporter import ExportOptions, export_pair
+
+    vocab = tokenizer.get_vocab_size()
+    src = tiny_models.save(tiny_models.build_model("llama", vocab, 1), tokenizer, tmp_path / "m")
+    artifact = tmp_path / "batched"
+    options = ExportOptions(max_length=128, batched=True)
+    export_pair(str(src), ["ngram"], artifact, options, log=lambda _m: None)
+    prompts = ["The cat is", "def add(a, b):", "One, two, three,", "A key-value cache"]
+    pipe = Pipeline.load(artifact)
+    want = [pipe.generate(p, max_new_tokens=12, k=2, drafter="ngram").text for p in prompts]
+    repository = tmp_path / "repository"
+    write_repository(artifact, repository, python=PYTHON, batch=4, batch_context=96)
+    assert (
+        'key: "max_batch" value: { string_value: "4" }'
+        in (repository / "specx" / "config.pbtxt").read_text()
+    )
+    with tritonserver(repository) as (base, _grpc):
+
+        def ask(prompt: str) -> str:
+            body = {"text_input": prompt, "max_tokens": 12, "k": "2", "drafter": "ngram"}
+            reply = httpx.post(f"{base}/v2/models/specx/generate", json=body, timeout=120)
+            assert reply.status_code == 200, reply.text
+            return str(reply.json()["text_output"])
+
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(ask, prompts)) == want
+        bad = httpx.post(
+            f"{base}/v2/models/specx/generate",
+            json={"text_input": "x", "max_tokens": 4, "drafter": "nope"},
+            timeout=60,
+        )
+        assert bad.status_code >= 400 and "drafter" in bad.json()["error"]
+        assert ask(prompts[0]) == want[0]  # still serving
