@@ -226,6 +226,14 @@ def info(artifact: Path, as_json: bool, debug: bool) -> None:
         f"needs    onnxruntime >= {ort_needs['min_version']}; contrib operators: "
         f"{', '.join(ort_needs['contrib_operators']) or 'none'}"
     )
+    batched = facts["batched"]
+    if batched is not None:
+        diff = m.batched.parity.get("batch_max_abs_logit_diff") if m.batched else None
+        click.echo(
+            f"batched  {batched['graph']}: several sequences per pass (specx serve --batch); "
+            f"needs onnxruntime >= {batched['min_onnxruntime']}"
+            + (f"; two-row parity max|dlogit| {diff:.1e}" if isinstance(diff, float) else "")
+        )
 
 
 def _quality(parity: dict[str, Any]) -> str:

@@ -59,6 +59,8 @@ def artifact_facts(manifest: Manifest) -> dict[str, Any]:
         "eos_token_ids": list(manifest.special_tokens.eos_token_ids),
         "chat_template": manifest.chat_template is not None,
         "models": [_model(manifest, s) for s in models],
+        # optional: the target's batched graph (several sequences per pass; its own ORT minimum)
+        "batched": _model(manifest, manifest.batched) if manifest.batched is not None else None,
         "drafters": registry.drafter_names(manifest),
         "default_drafter": registry.default_drafter(manifest),
         "onnxruntime": {

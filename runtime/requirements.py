@@ -15,6 +15,11 @@ MIN_ONNXRUNTIME: dict[str, tuple[tuple[int, int], str]] = {
         "1.20; the op loads from 1.18",
     ),
     "com.microsoft:MatMulNBits": ((1, 22), "the int4 draft's 8-bit head (bits=8) needs 1.22"),
+    "ai.onnx:TensorScatter": (
+        (1, 26),
+        "the batched graph's TensorScatter (opset 24): 1.23 and older refuse opset 24, 1.24 has "
+        "no kernel for it (1.25 not measured)",
+    ),
 }
 OLDEST_MEASURED = (1, 16)  # plain graphs (standard operators only) ran on every release measured
 
@@ -25,6 +30,8 @@ def operators_of(spec: ModelSpec) -> tuple[str, ...]:
     if spec.operators:
         return spec.operators
     implied = ["com.microsoft:GroupQueryAttention"] if spec.attention == "gqa" else []
+    if spec.attention == "batched":
+        implied.append("ai.onnx:TensorScatter")
     if spec.variant == "int4":
         implied.append("com.microsoft:MatMulNBits")
     if spec.variant == "int8":
