@@ -67,7 +67,7 @@ def _versions() -> dict[str, str]:
 
 
 def resolve_attention(options: ExportOptions, profile: Profile | None) -> str:
-    if options.attention not in ("auto", *contract.ATTENTIONS):
+    if options.attention not in ("auto", "gqa", "plain"):  # batched: ExportOptions.batched
         raise ExportError(
             f"--attention must be auto, gqa or plain, got {options.attention!r}",
             "gqa for ONNX Runtime (CPU, CUDA), plain for TensorRT",

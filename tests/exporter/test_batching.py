@@ -319,3 +319,95 @@ def test_the_gqa_graph_takes_one_token_per_row_over_rows_of_different_lengths(
     assert caches[0].lengths.tolist() == caches[1].lengths.tolist() == [10, 5, 14]
     with pytest.raises(InputError, match="batched graph"):
         single.forward_rows(rng.integers(0, 300, (3, 2)), np.full(3, 2), caches[1])
+
+
+SAMPLES = 2000
+SMALL_PROMPT = np.array([0, 5, 9, 4], dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def small_batched(tmp_path_factory: Any) -> Any:
+    """Target and a related draft over 12 tokens, flat enough to sample, with a batched graph."""
+    import tiny_models
+    from specx.exporter import ExportOptions, export_pair
+
+    root = tmp_path_factory.mktemp("smallbatched")
+    tok = tiny_models.build_small_vocab_tokenizer()
+    target = tiny_models.build_model("llama", tok.get_vocab_size(), seed=11, init_range=0.06)
+    draft = tiny_models.perturbed_copy(target, 0.6, seed=12)
+    src = tiny_models.save(target, tok, root / "target")
+    dsrc = tiny_models.save(draft, tok, root / "draft")
+    artifact = root / "artifact"
+    options = ExportOptions(max_length=64, batched=True)
+    export_pair(str(src), [f"draft={dsrc}"], artifact, options, log=lambda _m: None)
+    return artifact, target
+
+
+def first_two_distribution(model: Any, params: Any, eos: int) -> dict[tuple[int, int], float]:
+    """P(first two generated tokens) under the target alone, from the source model."""
+    import torch
+
+    from specx.runtime.sampling import warp
+
+    with torch.no_grad():
+        first = model(torch.from_numpy(SMALL_PROMPT)[None]).logits[0, -1].numpy()
+        vocab = first.shape[0]
+        follow = np.concatenate(
+            [np.stack([SMALL_PROMPT] * vocab), np.arange(vocab)[:, None]], axis=1
+        )  # [vocab, len + 1]
+        second = model(torch.from_numpy(follow)).logits[:, -1].numpy()  # [vocab, vocab]
+    p1, p2 = warp(first, params), warp(second, params)
+    return {
+        (a, b): float(p1[a] * (1.0 if a == eos else p2[a, b]))
+        for a in range(vocab)
+        for b in ([-1] if a == eos else range(vocab))
+    }
+
+
+def batched_pairs(artifact: Any, params: Any, eos: int) -> list[tuple[int, int]]:
+    """The first two tokens of SAMPLES seeds, 8 sequences per pass, K=4 with the draft."""
+    import dataclasses
+
+    pipe = Pipeline.load(artifact)
+    settings = [pipe_settings(max_new_tokens=4, k=4, drafter="draft") for _ in range(SAMPLES)]
+    settings = [
+        dataclasses.replace(s, sampling=dataclasses.replace(params, seed=i))
+        for i, s in enumerate(settings)
+    ]
+    results = pipe.generate_batch([SMALL_PROMPT] * SAMPLES, settings, max_batch=8)
+    return [(r.token_ids[0], -1 if r.token_ids[0] == eos else r.token_ids[1]) for r in results]
+
+
+@pytest.mark.parametrize("verification", ["invariant", "rejection"])
+def test_sampling_in_a_batch_follows_the_targets_distribution(
+    small_batched: Any, verification: str
+) -> None:
+    from specx.runtime import SamplingParams
+    from stats_tools import chi_square_p_value
+
+    artifact, target = small_batched
+    params = SamplingParams(temperature=1.0, verification=verification)
+    eos = Pipeline.load(artifact).manifest.special_tokens.eos_token_ids[0]
+    expected = first_two_distribution(target, params, eos)
+    assert sum(1 for p in expected.values() if p * SAMPLES >= 5) >= 10  # a meaningful test
+    assert chi_square_p_value(batched_pairs(artifact, params, eos), expected) > 1e-3
+
+
+def test_the_batched_chi_square_catches_a_broken_verifier(
+    small_batched: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The negative control: a verifier that accepts every draft token fails the same test."""
+    import specx.runtime.generate as generate
+    from specx.runtime import SamplingParams
+    from specx.runtime.sampling import race
+    from stats_tools import chi_square_p_value
+
+    def accept_everything(draft: np.ndarray, p_target: np.ndarray, e: Any) -> tuple[int, int]:
+        return len(draft), int(race(p_target[len(draft)], e[len(draft)]))
+
+    monkeypatch.setattr(generate, "verify_invariant", accept_everything)
+    artifact, target = small_batched
+    params = SamplingParams(temperature=1.0)
+    eos = Pipeline.load(artifact).manifest.special_tokens.eos_token_ids[0]
+    expected = first_two_distribution(target, params, eos)
+    assert chi_square_p_value(batched_pairs(artifact, params, eos), expected) < 1e-6
