@@ -90,7 +90,8 @@ def serve(
         raise InputError(
             f"--batch must be >= 0 and at most --max-concurrency, got {batch} and "
             f"{max_concurrency}",
-            f"e.g. --batch 4 --max-concurrency {max(4, max_concurrency)}",
+            f"pass --max-concurrency {max(batch, 1)} or more (requests beyond --batch wait for "
+            "a row)",
         )
     thread_pool(threads)
     pipeline = Pipeline.load(artifact, providers=providers or None, threads=threads)

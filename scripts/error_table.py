@@ -230,6 +230,28 @@ def main() -> int:
         case("run", "-k 4 with --draft none", *run, a, "-p", "hi", "--draft", "none", "-k", "4")
         case("run", "zero threads", *run, a, "-p", "hi", "--threads", "0")
         case("run", "unknown verification", *run, a, "-p", "hi", "--verification", "lucky")
+        case(
+            "serve",
+            "--batch without a batched graph",
+            "serve",
+            a,
+            "--batch",
+            "4",
+            "--max-concurrency",
+            "4",
+        )
+        case("serve", "--batch above --max-concurrency", "serve", a, "--batch", "8")
+        case(
+            "serve",
+            "--batch without a batched graph (triton)",
+            "triton",
+            a,
+            "-o",
+            str(root / "t1"),
+            "--batch",
+            "4",
+        )
+        case("bench", "--concurrency 0", "bench", a, "--concurrency", "0,2")
         # an export killed by SIGKILL midway, then the next export to the same place
         killed = subprocess.Popen(
             [
