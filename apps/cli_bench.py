@@ -120,19 +120,19 @@ def bench(
         _concurrency(config, _csv(concurrency, int, "--concurrency"), out)
         return
     results = run_bench(config, stderr_progress)
-    click.echo("", err=True)
     folder = out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "results.json").write_text(json.dumps(results, indent=1))
-    report = format_report(results)
-    (folder / "report.txt").write_text(report + "\n")
-    click.echo(report)
+    _write(folder, results, format_report(results), "results.json", "report.txt")
     png = plot(results, folder / "speedup.png")
-    click.echo(
-        f"\nwrote {folder / 'results.json'}, {folder / 'report.txt'}"
-        + (f", {png}" if png else " (no matplotlib: no plot)"),
-        err=True,
-    )
+    click.echo(f"wrote {folder}" + ("" if png else " (no matplotlib: no plot)"), err=True)
+
+
+def _write(folder: Path, results: dict[str, Any], report: str, data: str, text: str) -> None:
+    """Results as JSON and the report as text into `folder`; the report on stdout."""
+    click.echo("", err=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / data).write_text(json.dumps(results, indent=1))
+    (folder / text).write_text(report + "\n")
+    click.echo(report)
 
 
 def _concurrency(config: Any, levels: tuple[int, ...], out: Path | None) -> None:
@@ -146,12 +146,8 @@ def _concurrency(config: Any, levels: tuple[int, ...], out: Path | None) -> None
     )
 
     results = run_concurrency_bench(config, levels, stderr_progress)
-    click.echo("", err=True)
     folder = out or Path("bench-results") / time.strftime("concurrency-%Y%m%d-%H%M%S")
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "concurrency.json").write_text(json.dumps(results, indent=1))
     report = format_concurrency(results)
-    (folder / "concurrency.txt").write_text(report + "\n")
-    click.echo(report)
+    _write(folder, results, report, "concurrency.json", "concurrency.txt")
     png = plot_concurrency(results, folder / "concurrency.png")
-    click.echo(f"\nwrote {folder / 'concurrency.json'}" + (f", {png}" if png else ""), err=True)
+    click.echo(f"wrote {folder}" + ("" if png else " (no matplotlib: no plot)"), err=True)

@@ -383,20 +383,28 @@ class DecoderGraph(nn.Module):
             y = layer.mlp(layer.post_attention_layernorm(hidden))
         return hidden + y * scale if scale != 1.0 else hidden + y
 
+    def _positions(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, keys: Any
+    ) -> tuple[dict[str, Any], dict[int | None, torch.Tensor]]:
+        """Rotary tables per kind ([batch, seq, rotary_dim] cos and sin) and attention biases
+        per window ([batch, 1, groups * seq, keys]) for key slots 0 .. keys - 1 at positions
+        0 .. keys - 1."""
+        tables = {
+            kind: rotary(self.source, kind, hidden, position_ids)
+            for kind in {p.rope for p in self.plans if p.rope is not None}
+        }
+        groups = self.num_heads // self.kv_heads
+        biases = {
+            w: attention_bias(position_ids, keys, hidden.dtype, groups, w)
+            for w in {p.window for p in self.plans}
+        }
+        return tables, biases
+
     def _layers_plain(
         self, hidden: torch.Tensor, position_ids: torch.Tensor, past: tuple[torch.Tensor, ...]
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         heads, kv, dim = self.num_heads, self.kv_heads, self.head_dim
-        total = past[0].shape[1] + hidden.shape[1]
-        groups = heads // kv
-        tables = {
-            kind: rotary(self.source, kind, hidden, position_ids)  # [batch, seq, rotary_dim]
-            for kind in {p.rope for p in self.plans if p.rope is not None}
-        }
-        biases = {
-            w: attention_bias(position_ids, total, hidden.dtype, groups, w)
-            for w in {p.window for p in self.plans}
-        }
+        tables, biases = self._positions(hidden, position_ids, past[0].shape[1] + hidden.shape[1])
         new_kv: list[torch.Tensor] = []
         for i, (layer, plan) in enumerate(zip(self.model.layers, self.plans, strict=True)):
             attn = layer.self_attn
@@ -431,17 +439,8 @@ class DecoderGraph(nn.Module):
         past: tuple[torch.Tensor, ...],  # [batch, kv_heads, cache_len, head_dim] each
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         heads, kv, dim = self.num_heads, self.kv_heads, self.head_dim
-        capacity = past[0].shape[2]
-        groups = heads // kv
-        tables = {
-            kind: rotary(self.source, kind, hidden, position_ids)  # [batch, seq, rotary_dim]
-            for kind in {p.rope for p in self.plans if p.rope is not None}
-        }
         # Key slot j holds position j in every row: the mask compares slots with positions.
-        biases = {
-            w: attention_bias(position_ids, capacity, hidden.dtype, groups, w)
-            for w in {p.window for p in self.plans}
-        }  # [batch, 1, groups * seq, cache_len]
+        tables, biases = self._positions(hidden, position_ids, past[0].shape[2])
         present: list[torch.Tensor] = []
         for i, (layer, plan) in enumerate(zip(self.model.layers, self.plans, strict=True)):
             attn = layer.self_attn
