@@ -11,7 +11,8 @@ generate.py done for all rows at once:
     accept    each row is verified on its own logits rows, exactly as alone
     commit    each row's length is set to what it kept; its drafter is told
 
-A sequence joins after its prefill (its row alone, in chunks) and leaves at its own stop; the
+A sequence's prompt is read into its row one chunk per step (a long prompt never stalls the
+others for longer than a chunk), then it decodes with them, and it leaves at its own stop; the
 others never wait for it. What a sequence produces depends only on its own prompt, settings and
 seed, not on what shares its batch (up to float near-ties between differently shaped passes).
 """
@@ -73,6 +74,7 @@ class BatchSequence:
     source: str = NONE
     draft_s: float = 0.0
     decode_start: float = 0.0  # when it joined the decoding rows
+    prefilled: int = -1  # prompt tokens in the cache while it joins; -1 once it decodes
 
     @property
     def committed(self) -> np.ndarray:
@@ -160,6 +162,8 @@ class WidthPlanner:
 class BatchDecoder:
     """Up to `rows` sequences decoding together through one batched graph."""
 
+    PREFILL_CHUNK = 64  # prompt tokens a joining row feeds per step
+
     def __init__(
         self,
         session: OrtSession,
@@ -185,7 +189,26 @@ class BatchDecoder:
 
     @property
     def active(self) -> list[BatchSequence]:
-        return [s for s in self._rows if s is not None]
+        """The sequences that decode in the next pass (their prefill is done)."""
+        return [s for s in self._rows if s is not None and s.prefilled < 0]
+
+    @property
+    def busy(self) -> bool:
+        """Whether any row is taken (decoding, or still reading its prompt)."""
+        return any(s is not None for s in self._rows)
+
+    def _prefill_chunk(self, s: BatchSequence) -> None:
+        """Feed the next PREFILL_CHUNK prompt tokens of a joining row (all but the last one,
+        which its first step feeds): one chunk per step, so that a long prompt never stalls the
+        rows that decode for longer than a chunk."""
+        t0 = perf_counter()
+        end = min(s.prefilled + self.PREFILL_CHUNK, s.n_context - 1)
+        part = s.context[s.prefilled : end]
+        runner = self.single or self.session
+        runner.forward_rows(part[None], np.array([part.shape[0]]), self.cache, s.row)
+        s.prefilled = end if end < s.n_context - 1 else -1
+        s.stats.prefill_s += perf_counter() - t0
+        s.decode_start = perf_counter()
 
     @property
     def free_rows(self) -> int:
@@ -200,7 +223,8 @@ class BatchDecoder:
         stats: Stats,
         emit: Emit | None = None,
     ) -> BatchSequence:
-        """Prefill a new sequence into a free row; it takes part from the next step on."""
+        """Take a free row for a new sequence: the next steps read its prompt (a chunk each),
+        then it decodes with the others."""
         n = int(prompt.shape[0])
         if not 1 <= n < self.capacity:
             raise InputError(
@@ -226,17 +250,11 @@ class BatchDecoder:
             n,
         )
         stats.prompt_tokens = n
-        t0 = perf_counter()
         self.cache.lengths[row] = 0
-        prefill = self.single or self.session
-        chunk = prefill.max_chunk
-        for start in range(0, n - 1, chunk):
-            part = prompt[start : min(start + chunk, n - 1)]
-            prefill.forward_rows(part[None], np.array([part.shape[0]]), self.cache, row)
         if drafter is not None:
             request = DraftRequest(settings.sampling, noise, settings.draft_p_min, prefill=False)
             drafter.start(prompt, request)
-        stats.prefill_s = perf_counter() - t0
+        seq.prefilled = 0 if n > 1 else -1  # -1: nothing (left) to prefill
         seq.decode_start = perf_counter()
         self._rows[row] = seq
         if settings.max_new_tokens <= 0:
@@ -249,11 +267,16 @@ class BatchDecoder:
             self._finish(seq, "interrupted")
 
     def step(self) -> None:
-        """One batched pass over every active sequence."""
+        """One batched pass over every active sequence, after one prefill chunk of a row that
+        is joining (if any)."""
+        joining = [s for s in self._rows if s is not None and s.prefilled >= 0]
+        if joining:
+            self._prefill_chunk(joining[0])
         active = self.active
         if not active:
             return
-        longest = int(max(self.cache.lengths[s.row] for s in active))
+        # every row of the pass (a joining one too) needs room for its width
+        longest = int(max(self.cache.lengths[s.row] for s in self._rows if s is not None))
         first = min(s.row for s in active)
         last = max(s.row for s in active)
         for s in active:
@@ -286,7 +309,7 @@ class BatchDecoder:
 
     def run(self) -> None:
         """Step until every sequence has stopped."""
-        while self.active:
+        while self.busy:
             self.step()
 
     # -- one sequence's part of a step -------------------------------------------------------
@@ -415,7 +438,7 @@ def run_batch(
     running: dict[int, tuple[BatchSequence, str, Drafter | None]] = {}
     waiting = list(range(len(prompts)))
     try:
-        while waiting or decoder.active:
+        while waiting or decoder.busy:
             while waiting and decoder.free_rows:
                 i = waiting.pop(0)
                 policy, _, name = plans[i]

@@ -411,3 +411,28 @@ def test_the_batched_chi_square_catches_a_broken_verifier(
     eos = Pipeline.load(artifact).manifest.special_tokens.eos_token_ids[0]
     expected = first_two_distribution(target, params, eos)
     assert chi_square_p_value(batched_pairs(artifact, params, eos), expected) < 1e-6
+
+
+def test_a_long_prompt_joins_in_chunks_while_the_others_decode(llama: Any) -> None:
+    from specx.runtime.batching import BatchDecoder, single_graph
+    from specx.runtime.generate import FixedK
+    from specx.runtime.stats import Stats
+
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    eos = pipe.manifest.special_tokens.eos_token_ids
+    decoder = BatchDecoder(pipe.batched_session().fork(), 2, 128, eos, single_graph(pipe))
+    short = decoder.add(
+        _ids(pipe, PROMPTS[1]), pipe_settings(max_new_tokens=20), FixedK(0), None, Stats()
+    )
+    decoder.step()
+    long_prompt = np.concatenate([_ids(pipe, p) for p in PROMPTS])[:100]
+    long = decoder.add(long_prompt, pipe_settings(max_new_tokens=8), FixedK(0), None, Stats())
+    before = len(short.tokens)
+    decoder.step()  # the first 64 prompt tokens of the long row, and a decode step of the short
+    assert len(short.tokens) == before + 1 and long.prefilled == decoder.PREFILL_CHUNK
+    assert decoder.active == [short]
+    decoder.run()
+    assert short.tokens == pipe.generate(PROMPTS[1], max_new_tokens=20, k=0).token_ids
+    assert long.tokens == pipe.generate(long_prompt, max_new_tokens=8, k=0).token_ids
+    assert long.stats.prefill_s > 0 and long.stats.stop_reason == "max_new_tokens"
