@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/load_test.py ARTIFACT [--concurrency 1,4,16] [--requests 24]
         [--max-tokens 32] [--soak 500] [--max-concurrency 2] [--max-queue 64] [-k auto]
+        [--batch 4]
 
 Starts `specx serve` on a free port of 127.0.0.1, then for each client concurrency sends
 `--requests` streamed chat completions (the bench's chat prompts, greedy) from that many client
@@ -79,6 +80,7 @@ def main() -> int:
     parser.add_argument("--max-concurrency", type=int, default=2)
     parser.add_argument("--max-queue", type=int, default=64)
     parser.add_argument("-k", default="auto")
+    parser.add_argument("--batch", type=int, default=0, help="serve --batch (0: unbatched)")
     args = parser.parse_args()
     prompts = load_workloads()["chat"]["prompts"]
     with socket.socket() as s:
@@ -98,6 +100,7 @@ def main() -> int:
             str(args.max_concurrency),
             "--max-queue",
             str(args.max_queue),
+            *(["--batch", str(args.batch)] if args.batch else []),
         ],
         stderr=subprocess.DEVNULL,
     )
@@ -114,7 +117,8 @@ def main() -> int:
         one(base, prompts[0], 4, args.k)  # warm-up
         print(
             f"specx serve {args.artifact} (max-concurrency {args.max_concurrency}, max-queue "
-            f"{args.max_queue}, -k {args.k}), {args.requests} streamed chat requests of "
+            f"{args.max_queue}, batch {args.batch or 'off'}, -k {args.k}), {args.requests} "
+            "streamed chat requests of "
             f"{args.max_tokens} tokens per row, {os.cpu_count()} cores, "
             f"{time.strftime('%Y-%m-%d')}"
         )
