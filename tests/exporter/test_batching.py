@@ -81,6 +81,11 @@ def test_a_batched_export_records_its_graph_and_checks_two_rows_at_different_len
     model = onnx.load(str(artifact / spec.graph), load_external_data=False)
     assert {o.domain: o.version for o in model.opset_import}[""] == 24
     assert pipe.manifest.target.attention == "gqa"  # single sequences keep the fast graph
+    from specx.runtime.facts import artifact_facts
+
+    facts = artifact_facts(pipe.manifest)
+    assert facts["batched"]["min_onnxruntime"] == "1.26"  # TensorScatter, measured
+    assert facts["onnxruntime"]["min_version"] == "1.20"  # what one sequence at a time needs
 
 
 @pytest.mark.parametrize(
