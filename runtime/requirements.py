@@ -18,7 +18,7 @@ MIN_ONNXRUNTIME: dict[str, tuple[tuple[int, int], str]] = {
     "ai.onnx:TensorScatter": (
         (1, 26),
         "the batched graph's TensorScatter (opset 24): 1.23 and older refuse opset 24, 1.24 has "
-        "no kernel for it (1.25 not measured)",
+        "no kernel for it (1.25 not measured; scripts/ort_batched.py)",
     ),
 }
 OLDEST_MEASURED = (1, 16)  # plain graphs (standard operators only) ran on every release measured
