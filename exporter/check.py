@@ -29,6 +29,10 @@ FP16_RELATIVE_TOLERANCE = 1e-2
 PREFILL_TOKENS = 12
 
 
+def relative_tolerance(spec: ModelSpec) -> float:
+    return FP16_RELATIVE_TOLERANCE if spec.dtype == "float16" else FP32_RELATIVE_TOLERANCE
+
+
 def check_parity(
     src: SourceModel, folder: Path, spec: ModelSpec, check_k: int, log: Log
 ) -> dict[str, Any]:
@@ -44,8 +48,14 @@ def check_parity(
         )
     token_range = min(len(src.tokenizer), spec.vocab_size)
     ids = np.random.default_rng(0).integers(0, token_range, size=total).astype(np.int64)
+    taps = spec.feature_layers
     with torch.no_grad():
-        reference = src.model(torch.from_numpy(ids)[None]).logits[0].float().numpy()  # [T, V]
+        out = src.model(torch.from_numpy(ids)[None], output_hidden_states=bool(taps))
+        reference = out.logits[0].float().numpy()  # [T, V]
+        # the features a feature draft reads (Hugging Face numbering: runtime/contract.py)
+        ref_features = (
+            torch.cat([out.hidden_states[t][0] for t in taps], -1).float().numpy() if taps else None
+        )  # [T, F]
 
     session = OrtSession(folder / spec.graph, spec, ["cpu"], max_chunk=max(prefill, k + 1))
     cache = session.new_cache(total)
@@ -57,6 +67,7 @@ def check_parity(
     result: dict[str, Any] = {"tokens": total, "k": k}
     worst = 0.0
     agree = 0
+    feature_diff = 0.0
     for stage, (start, end) in stages.items():
         got = session.forward(ids[start:end], cache).copy()  # [end - start, vocab]
         want = reference[start:end]
@@ -64,9 +75,21 @@ def check_parity(
         result[f"{stage}_max_abs_diff"] = diff
         worst = max(worst, diff)
         agree += int(np.sum(np.argmax(got, -1) == np.argmax(want, -1)))
+        if ref_features is not None and session.last_features is not None:
+            gap = np.abs(session.last_features - ref_features[start:end]) / (
+                1.0 + np.abs(ref_features[start:end])
+            )
+            feature_diff = max(feature_diff, float(np.max(gap)))
+    if ref_features is not None:
+        result["max_feature_diff"] = feature_diff  # relative to 1 + |feature|
+        if feature_diff > 10 * relative_tolerance(spec):
+            raise ExportError(
+                f"the exported {spec.role} graph's features {list(taps)} disagree with the source "
+                f"model's hidden states: {feature_diff:.3g}",
+                "this is a bug in the exporter for this architecture; please report it",
+            )
     scale = float(max(1.0, np.max(np.abs(reference))))
-    relative = FP16_RELATIVE_TOLERANCE if spec.dtype == "float16" else FP32_RELATIVE_TOLERANCE
-    tolerance = relative * scale
+    tolerance = relative_tolerance(spec) * scale
     result.update(
         max_abs_logit_diff=worst,
         max_abs_logit=scale,

@@ -8,6 +8,7 @@ source drafts as ``self``.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +20,53 @@ from specx.runtime.drafters.registry import DrafterKind
 from specx.runtime.errors import ExportError
 
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+HEAD_CONFIG = "config.json"
+
+
+def is_head_checkpoint(path: str | Path) -> bool:
+    """Whether `path` is a folder holding a feature head (an EAGLE or speculators checkpoint, or
+    one `specx distill` wrote), judged by its config.json."""
+    folder = Path(path)
+    config = folder / HEAD_CONFIG
+    if not folder.is_dir() or not config.is_file():
+        return False
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    if not isinstance(data, dict):
+        return False
+    if data.get("speculators_model_type") in ("eagle", "eagle3"):
+        return True
+    architectures = " ".join(str(a) for a in data.get("architectures") or [])
+    if "eagle" in architectures.lower():
+        return True
+    # the EAGLE authors' EAGLE-1/2 heads call themselves LlamaForCausalLM: their weights tell
+    return bool({"fc.weight", "fusion_fc.weight"} & _weight_names(folder))
+
+
+def _weight_names(folder: Path) -> set[str]:
+    """Tensor names of model.safetensors (from its JSON header) without loading anything."""
+    path = folder / "model.safetensors"
+    try:
+        with path.open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 0 < size < 100_000_000:
+                return set()
+            header = json.loads(f.read(size))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        pass
+    else:
+        return set(header) if isinstance(header, dict) else set()
+    bin_path = folder / "pytorch_model.bin"  # a zip whose pickle spells the names
+    try:
+        import zipfile
+
+        with zipfile.ZipFile(bin_path) as z:
+            pickled = b"".join(z.read(n) for n in z.namelist() if n.endswith("data.pkl"))
+    except (OSError, zipfile.BadZipFile):
+        return set()
+    return {name for name in ("fc.weight", "fusion_fc.weight") if name.encode() in pickled}
 
 
 @dataclass(frozen=True)
@@ -40,6 +88,8 @@ def _kind(source: str, target: str) -> DrafterKind:
     keyword = None if Path(source).exists() else registry.keyword_kind(source)
     if keyword is not None:
         return keyword
+    if is_head_checkpoint(source):
+        return registry.KINDS["eagle"]
     return registry.KINDS["self" if same_source(source, target) else "model"]
 
 
@@ -54,8 +104,8 @@ def resolve_drafts(drafts: Sequence[str], target: str) -> list[DraftEntry]:
             kind = _kind(item, target)
             if kind.keyword is not None:
                 name = item
-            elif kind.name == "self":
-                name = "self"
+            elif kind.name in ("self", "eagle"):
+                name = kind.name
             else:
                 name = "draft" if i == 0 else f"draft{i + 1}"
         else:

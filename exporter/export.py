@@ -26,6 +26,8 @@ from specx.runtime.errors import ExportError
 from .check import check_batch_parity, check_parity
 from .drafts import DraftEntry, default_drafter, resolve_drafts
 from .engines import build_engines
+from .feature_head import HeadCheckpoint, build_head, read_head
+from .head_export import check_head_parity, export_head
 from .load import SourceModel, chat_template, check_pair, load_source, special_tokens
 from .onnx_export import export_graph
 from .plan import plan_pair
@@ -164,7 +166,11 @@ def _export_into(
     timings: dict[str, float] = {}
 
     def export_one(
-        src: SourceModel, role: str, graph: str, attention: str = options.attention
+        src: SourceModel,
+        role: str,
+        graph: str,
+        attention: str = options.attention,
+        taps: tuple[int, ...] = (),
     ) -> ModelSpec:
         t0 = time.perf_counter()
         why = gqa_unsupported(src.model) if attention == "gqa" else None
@@ -182,6 +188,7 @@ def _export_into(
             log,
             precision,
             attention,
+            taps,
         )
         timings[f"{graph}_export_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -192,11 +199,15 @@ def _export_into(
     log(f"[1/{steps}] target: loading {target}")
     tsrc = load_source(target, log)
     timings["target_load_s"] = tsrc.load_s
-    target_spec = export_one(tsrc, "target", "target.onnx")
+    heads = _read_heads(drafts, tsrc)
+    taps = next(iter(heads.values())).cfg.taps if heads else ()
+    if taps:
+        log(f"  target: also returns its hidden states {list(taps)} for the feature draft")
+    target_spec = export_one(tsrc, "target", "target.onnx", taps=taps)
     batched_spec = None
     if options.batched:
         log("  target: the batched graph (several sequences per pass)")
-        batched_spec = export_one(tsrc, "target", BATCHED_GRAPH, "batched")
+        batched_spec = export_one(tsrc, "target", BATCHED_GRAPH, "batched", taps)
         batched_spec = dataclasses.replace(
             batched_spec,
             name="batched",
@@ -219,6 +230,22 @@ def _export_into(
         elif recipe == registry.EXPORT_QUANTIZED:
             tokens = np.asarray(calibration, dtype=np.int64)
             spec = derive_quantized_draft(folder, target_spec, entry.kind.name, tokens, name, log)
+            draft_specs.append(spec)
+        elif recipe == registry.EXPORT_HEAD:
+            t0 = time.perf_counter()
+            head = build_head(heads[name], tsrc.model, target_spec.vocab_size)
+            spec = export_head(
+                head,
+                folder,
+                name,
+                entry.source,
+                target_spec.max_length,
+                pair_id,
+                options.opset,
+                log,
+            )
+            spec = dataclasses.replace(spec, parity=check_head_parity(head, folder, spec, log))
+            timings[f"{name}_export_s"] = time.perf_counter() - t0
             draft_specs.append(spec)
         elif recipe == registry.EXPORT_TARGET:
             log("  the target drafts for itself (shows the mechanics; it cannot speed anything up)")
@@ -251,6 +278,27 @@ def _export_into(
     manifest.write(folder)
     log(f"done in {timings['total_s']:.1f} s")
     return manifest
+
+
+def _read_heads(drafts: list[DraftEntry], tsrc: SourceModel) -> dict[str, HeadCheckpoint]:
+    """The feature heads among the drafts, by name; they must read the same target layers (the
+    target graph has one features output)."""
+    if tsrc.model_type == "gpt2" and any(e.kind.export == registry.EXPORT_HEAD for e in drafts):
+        raise ExportError(
+            "feature drafts (EAGLE heads) need a target of the Llama lineage, not gpt2",
+            "use a model draft, int8/int4 or ngram with this target",
+        )
+    layers = int(getattr(tsrc.config, "num_hidden_layers", 0))
+    heads = {
+        e.name: read_head(e.source, layers) for e in drafts if e.kind.export == registry.EXPORT_HEAD
+    }
+    taps = {h.cfg.taps for h in heads.values()}
+    if len(taps) > 1:
+        raise ExportError(
+            f"the feature drafts read different target layers ({sorted(taps)})",
+            "export one feature draft per artifact, or heads trained on the same layers",
+        )
+    return heads
 
 
 def _exporter_info(options: ExportOptions, timings: dict[str, float]) -> dict[str, Any]:

@@ -154,6 +154,35 @@ def weight_stats(model: Any) -> tuple[int, int]:
     return params, nbytes
 
 
+def save_graph(
+    model: Any,
+    folder: Path,
+    graph_name: str,
+    role: str,
+    source: str,
+    pair_id: str,
+    max_length: int,
+    nbytes: int,
+) -> None:
+    """Stamp the contract's metadata into a graph and write it (weights beside it when large)."""
+    import onnx
+
+    model.doc_string = f"specx {role} graph of {source}"
+    for key, value in (
+        (contract.PAIR_ID_KEY, pair_id),
+        (contract.MAX_LENGTH_KEY, str(max_length)),
+        ("specx.role", role),
+        ("specx.format_version", str(contract.FORMAT_VERSION)),
+    ):
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    out = folder / graph_name
+    if nbytes > EXTERNAL_DATA_BYTES:
+        onnx.save_model(model, str(out), save_as_external_data=True, location=f"{graph_name}.data")
+    else:
+        onnx.save_model(model, str(out))
+
+
 def export_graph(
     src: SourceModel,
     folder: Path,
@@ -165,13 +194,15 @@ def export_graph(
     log: Log,
     precision: str = "fp32",
     attention: str = "plain",
+    taps: tuple[int, ...] = (),
 ) -> ModelSpec:
     """Trace `src` into folder/graph_name and describe it; parity is checked separately.
 
     precision "fp16": weights, activations and caches in float16 (a half copy of the model is
     traced; the source model stays float32 for the parity reference); logits stay float32.
     attention "plain" (standard ONNX, for TensorRT), "gqa" (ONNX Runtime's in-place attention) or
-    "batched" (several sequences at their own lengths per pass).
+    "batched" (several sequences at their own lengths per pass). taps: hidden states the graph
+    also returns as `features`, for a feature draft (runtime/contract.py).
     """
     import copy
 
@@ -191,9 +222,21 @@ def export_graph(
     layers, kv, hd = dims["num_layers"], dims["kv_heads"], dims["head_dim"]
     with_positions = uses_position_ids(src.model, attention)
     inputs = contract.graph_inputs(layers, kv, hd, dtype, attention, with_positions)
-    outputs = contract.graph_outputs(layers, kv, hd, vocab, dtype, attention)
+    if taps and src.model_type == "gpt2":
+        raise ExportError(
+            "feature drafts (EAGLE heads) need a target of the Llama lineage, not gpt2",
+            "use a model draft, int8/int4 or ngram with this target",
+        )
+    if any(not 0 <= t <= layers for t in taps):
+        raise ExportError(
+            f"a feature draft reads target layers {list(taps)}, but the target has {layers} "
+            f"(taps 0..{layers})",
+            "the head was trained for another target; use the head made for this one",
+        )
+    features = len(taps) * dims["hidden_size"]
+    outputs = contract.graph_outputs(layers, kv, hd, vocab, dtype, attention, features)
     traced = src.model if precision == "fp32" else copy.deepcopy(src.model).to(torch_dtype)
-    module = make_graph_module(traced, attention, max_length)
+    module = make_graph_module(traced, attention, max_length, taps)
     # Dummy inputs: 3 new tokens on top of 2 past positions; every axis is dynamic.
     args: list[torch.Tensor] = [torch.tensor([[1, 2, 3]], dtype=torch.long)]
     if with_positions:
@@ -245,20 +288,7 @@ def export_graph(
     tied = tie_lm_head(model)
     stamp_io_shapes(model, inputs, outputs)
     params, nbytes = weight_stats(model)
-    model.doc_string = f"specx {role} graph of {src.source}"
-    for key, value in (
-        (contract.PAIR_ID_KEY, pair_id),
-        (contract.MAX_LENGTH_KEY, str(max_length)),
-        ("specx.role", role),
-        ("specx.format_version", str(contract.FORMAT_VERSION)),
-    ):
-        entry = model.metadata_props.add()
-        entry.key, entry.value = key, value
-    out = folder / graph_name
-    if nbytes > EXTERNAL_DATA_BYTES:
-        onnx.save_model(model, str(out), save_as_external_data=True, location=f"{graph_name}.data")
-    else:
-        onnx.save_model(model, str(out))
+    save_graph(model, folder, graph_name, role, src.source, pair_id, max_length, nbytes)
     for f in raw.iterdir():
         f.unlink()
     raw.rmdir()
@@ -287,4 +317,5 @@ def export_graph(
         variant="fp16" if precision == "fp16" else "fp32",
         operators=graph_operators(model),
         attention=attention,
+        feature_layers=taps,
     )

@@ -308,9 +308,13 @@ class DecoderGraph(nn.Module):
     layers without rotary embeddings, and the scalar multipliers and soft-caps some families add.
     """
 
-    def __init__(self, model: Any, attention: str = "plain", max_length: int = 0) -> None:
+    def __init__(
+        self, model: Any, attention: str = "plain", max_length: int = 0, taps: tuple[int, ...] = ()
+    ) -> None:
         super().__init__()
         cfg = model.config
+        self.taps = taps  # hidden states returned as `features` (runtime/contract.py)
+        self._tapped: dict[int, torch.Tensor] = {}
         self.source = model
         self.model = model.model
         self.lm_head = model.lm_head
@@ -344,12 +348,23 @@ class DecoderGraph(nn.Module):
             hidden, kv = self._layers_batched(hidden, rest[0], rest[1], rest[2:])
         else:
             hidden, kv = self._layers_plain(hidden, rest[0], rest[1:])
-        logits = lm_head_logits(self.model.norm(hidden), self.lm_head)  # [batch, seq, vocab]
+        normed = self.model.norm(hidden)
+        logits = lm_head_logits(normed, self.lm_head)  # [batch, seq, vocab]
         if self.logits_scaling != 1.0:
             logits = logits / self.logits_scaling
         if self.final_softcap:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
-        return (logits, *kv)
+        if not self.taps:
+            return (logits, *kv)
+        self._tap(len(self.model.layers), normed)
+        features = torch.cat([self._tapped[t] for t in self.taps], dim=-1).float()
+        return (logits, features, *kv)  # features: [batch, seq, taps * hidden]
+
+    def _tap(self, index: int, hidden: torch.Tensor) -> None:
+        """Keep `hidden` (the input of layer `index`, or the final normed state) if a feature
+        draft reads it."""
+        if index in self.taps:
+            self._tapped[index] = hidden
 
     def _qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys, values [batch, seq, heads * head_dim] (normed where the model norms)."""
@@ -428,6 +443,7 @@ class DecoderGraph(nn.Module):
                 )
                 return attn.o_proj(out)
 
+            self._tap(i, hidden)
             hidden = self._block(layer, hidden, attend)
         return hidden, new_kv
 
@@ -464,6 +480,7 @@ class DecoderGraph(nn.Module):
                 )
                 return attn.o_proj(out)
 
+            self._tap(i, hidden)
             hidden = self._block(layer, hidden, attend)
         return hidden, present
 
@@ -506,6 +523,7 @@ class DecoderGraph(nn.Module):
                 present.extend([new_k, new_v])
                 return attn.o_proj(out)
 
+            self._tap(i, hidden)
             hidden = self._block(layer, hidden, attend)
         return hidden, present
 
@@ -590,10 +608,16 @@ class GPT2Graph(nn.Module):
         return (lm_head_logits(hidden, self.lm_head), *kv_out)
 
 
-def make_graph_module(model: Any, attention: str = "plain", max_length: int = 0) -> nn.Module:
+def make_graph_module(
+    model: Any, attention: str = "plain", max_length: int = 0, taps: tuple[int, ...] = ()
+) -> nn.Module:
+    """taps: the hidden states the graph also returns as `features` (decoder family only)."""
     family = SUPPORTED_ARCHITECTURES[model.config.model_type]
-    cls = DecoderGraph if family == "decoder" else GPT2Graph
-    module: nn.Module = cls(model, attention, max_length)
+    module: nn.Module
+    if family == "decoder":
+        module = DecoderGraph(model, attention, max_length, taps)
+    else:
+        module = GPT2Graph(model, attention, max_length)
     return module.eval()
 
 

@@ -206,6 +206,14 @@ class BatchDecoder:
         part = s.context[s.prefilled : end]
         runner = self.single or self.session
         runner.forward_rows(part[None], np.array([part.shape[0]]), self.cache, s.row)
+        if s.drafter is not None and s.drafter.reads_features:
+            features = runner.last_features  # [1, chunk, F]
+            if features is None:
+                raise InputError(
+                    f"{runner.path.name} returns no features for the {s.drafter.name} draft",
+                    "re-export the artifact with this version of specx",
+                )
+            s.drafter.observe_features(s.prefilled, features[0, : part.shape[0]])
         s.prefilled = end if end < s.n_context - 1 else -1
         s.stats.prefill_s += perf_counter() - t0
         s.decode_start = perf_counter()
@@ -303,9 +311,13 @@ class BatchDecoder:
         self.widths.observe(last - first + 1, width, verify_s)
         self.passes += 1
         self.rows_per_pass.append(len(active))
+        features = runner.last_features  # [rows, width, F] where a feature draft reads them
         for s in active:
             n = s.proposal.tokens.shape[0]
-            self._accept(s, logits[s.row - first, : 1 + n], committed[s.row], verify_s)
+            row_features = None if features is None else features[s.row - first]
+            self._accept(
+                s, logits[s.row - first, : 1 + n], committed[s.row], verify_s, row_features
+            )
 
     def run(self) -> None:
         """Step until every sequence has stopped."""
@@ -330,7 +342,12 @@ class BatchDecoder:
         s.draft_s = perf_counter() - t0
 
     def _accept(
-        self, s: BatchSequence, logits: np.ndarray, committed: int, verify_s: float
+        self,
+        s: BatchSequence,
+        logits: np.ndarray,
+        committed: int,
+        verify_s: float,
+        features: np.ndarray | None = None,  # [width, F]: the row's features, if the graph has
     ) -> None:
         """Verify and commit one row, and tell its policy how its proposal fared."""
         proposal = s.proposal
@@ -338,6 +355,8 @@ class BatchDecoder:
         self.cache.lengths[s.row] = committed + 1 + n_accepted
         if s.drafter is not None and s.k > 0:
             s.drafter.commit(n_accepted)
+        if s.drafter is not None and s.drafter.reads_features and features is not None:
+            s.drafter.observe_features(committed, features[: 1 + n_accepted])
         step = StepResult(
             tokens=np.append(proposal.tokens[:n_accepted], np.int64(next_token)),
             source=s.source,

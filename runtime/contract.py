@@ -38,6 +38,23 @@ verifies several sequences in one pass, each at its own length). Cache layout as
   are padded: a padded position's keys land past the row's length, where nothing reads them.
 
 In all, rolling back after a rejected draft is just a smaller length: nothing is copied.
+
+Feature drafts (EAGLE-style heads, docs/artifact-format.md). A target exported for one adds
+    outputs  features   float32 [batch, seq, F]   hidden states of the layers in
+                                                   `feature_layers`, concatenated (F = taps x
+                                                   hidden_size), from the same pass that verifies
+Tap i < num_layers is the residual stream entering layer i (0: the embeddings); tap num_layers is
+the final normed hidden state (Hugging Face's output_hidden_states numbering). The head's graph
+(a draft with a `head` record) is one decoder layer with a plain cache:
+    inputs   input_ids, position_ids          int64   [batch, seq]
+             features   float32 [batch, seq, F]        the target's features (from_target)
+             hidden     float32 [batch, seq, hidden]   the head's own hidden_out (otherwise)
+             from_target  bool  [batch, seq, 1]        which of the two each position reads
+             past_key.0, past_value.0                  plain layout
+    outputs  logits     float32 [batch, seq, vocab]    over the target vocabulary; -inf outside
+                                                       a reduced draft vocabulary
+             hidden_out float32 [batch, seq, hidden]   fed back as `hidden` for the next token
+             new_key.0, new_value.0
 """
 
 from __future__ import annotations
@@ -59,6 +76,11 @@ TOKENIZER_FILE = "tokenizer.json"
 INPUT_IDS = "input_ids"
 POSITION_IDS = "position_ids"
 LOGITS = "logits"
+FEATURES = "features"  # target: hidden states a feature draft reads
+HIDDEN = "hidden"  # head: its own previous hidden_out
+FROM_TARGET = "from_target"  # head: per position, read `features` (True) or `hidden`
+HIDDEN_OUT = "hidden_out"  # head: its predicted feature for the next position
+HEAD_KINDS = ("eagle", "eagle3")
 
 # Symbolic dimension names, as written into the graphs and the manifest.
 BATCH = "batch"
@@ -83,6 +105,32 @@ CACHE_LAYOUTS = {
 FULL_BUFFER = ("gqa", "batched")
 
 DTYPES = ("float32", "float16")
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """A feature draft (EAGLE-style head): what it reads from the target and what it scores."""
+
+    kind: str  # "eagle" (EAGLE-1/2: fc over [embedding, feature]) or "eagle3"
+    feature_layers: tuple[int, ...]  # the target taps it reads, in order (see above)
+    feature_size: int  # F: len(feature_layers) x the target's hidden_size
+    draft_vocab_size: int  # ids its own head scores; the logits output covers the target's
+    layout: str  # the checkpoint layout it came from: "eagle", "speculators", "specx"
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["feature_layers"] = list(self.feature_layers)
+        return data
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> HeadSpec:
+        return HeadSpec(
+            kind=str(data["kind"]),
+            feature_layers=tuple(int(t) for t in data["feature_layers"]),
+            feature_size=int(data["feature_size"]),
+            draft_vocab_size=int(data["draft_vocab_size"]),
+            layout=str(data.get("layout", "")),
+        )
 
 
 def past_key(layer: int) -> str:
@@ -137,10 +185,16 @@ def graph_inputs(
     cache_dtype: str,
     attention: str = "plain",
     position_ids: bool = True,
+    head: tuple[int, int] | None = None,
 ) -> tuple[TensorSpec, ...]:
+    """head: (feature_size, hidden_size) for a feature draft's graph, else None."""
     specs = [TensorSpec(INPUT_IDS, "int64", (BATCH, SEQ))]
     if attention != "gqa" or position_ids:
         specs.append(TensorSpec(POSITION_IDS, "int64", (BATCH, SEQ)))
+    if head is not None:
+        specs.append(TensorSpec(FEATURES, "float32", (BATCH, SEQ, head[0])))
+        specs.append(TensorSpec(HIDDEN, "float32", (BATCH, SEQ, head[1])))
+        specs.append(TensorSpec(FROM_TARGET, "bool", (BATCH, SEQ, 1)))
     if attention == "gqa":
         specs.append(TensorSpec(SEQLENS_K, "int32", (BATCH,)))
         specs.append(TensorSpec(TOTAL_SEQUENCE_LENGTH, "int32", ()))
@@ -163,8 +217,16 @@ def graph_outputs(
     vocab_size: int,
     cache_dtype: str,
     attention: str = "plain",
+    features: int = 0,
+    head_hidden: int = 0,
 ) -> tuple[TensorSpec, ...]:
+    """features: F of a target's features output (0: none); head_hidden: a feature draft's
+    hidden_out width (0: not a head)."""
     specs = [TensorSpec(LOGITS, "float32", (BATCH, SEQ, vocab_size))]
+    if features:
+        specs.append(TensorSpec(FEATURES, "float32", (BATCH, SEQ, features)))
+    if head_hidden:
+        specs.append(TensorSpec(HIDDEN_OUT, "float32", (BATCH, SEQ, head_hidden)))
     for i in range(num_layers):
         if attention in FULL_BUFFER:
             shape: tuple[int | str, ...] = (BATCH, kv_heads, CACHE_LEN, head_dim)
@@ -203,10 +265,17 @@ class ModelSpec:
     attention: str = "plain"  # "plain" (standard ONNX, TensorRT), "gqa" (ONNX Runtime) or
     # "batched" (several sequences per pass)
     operators: tuple[str, ...] = ()  # "domain:OpType" of every node kind; () if not recorded
+    feature_layers: tuple[int, ...] = ()  # a target's `features` output taps (): none)
+    head: HeadSpec | None = None  # a feature draft's record (None: an ordinary graph)
 
     @property
     def cache_layout(self) -> tuple[str, ...]:
         return CACHE_LAYOUTS[self.attention]
+
+    @property
+    def feature_size(self) -> int:
+        """Width of a target's `features` output (0: it has none)."""
+        return len(self.feature_layers) * self.hidden_size
 
     @property
     def uses_position_ids(self) -> bool:
@@ -217,6 +286,13 @@ class ModelSpec:
         data["inputs"] = [t.to_json() for t in self.inputs]
         data["outputs"] = [t.to_json() for t in self.outputs]
         data["cache_layout"] = list(self.cache_layout)
+        data["feature_layers"] = list(self.feature_layers)
+        if self.head is None:
+            del data["head"]
+        else:
+            data["head"] = self.head.to_json()
+        if not self.feature_layers:
+            del data["feature_layers"]
         return data
 
     @staticmethod
@@ -251,6 +327,8 @@ class ModelSpec:
             variant=str(data.get("variant", "fp32")),
             attention=attention,
             operators=tuple(str(op) for op in data.get("operators", ())),
+            feature_layers=tuple(int(t) for t in data.get("feature_layers", ())),
+            head=HeadSpec.from_json(data["head"]) if data.get("head") is not None else None,
         )
 
     def expected_inputs(self) -> tuple[TensorSpec, ...]:
@@ -261,6 +339,7 @@ class ModelSpec:
             self.dtype,
             self.attention,
             self.uses_position_ids,
+            (self.head.feature_size, self.hidden_size) if self.head is not None else None,
         )
 
     def expected_outputs(self) -> tuple[TensorSpec, ...]:
@@ -271,6 +350,8 @@ class ModelSpec:
             self.vocab_size,
             self.dtype,
             self.attention,
+            self.feature_size,
+            self.hidden_size if self.head is not None else 0,
         )
 
 
@@ -368,6 +449,18 @@ class Manifest:
                 raise ArtifactError(
                     f"{where}: max_length {manifest.max_length} exceeds the {spec.max_length} "
                     f"positions of {key} ({spec.graph})",
+                    "re-export the artifact with `specx export`",
+                )
+        for i, draft in enumerate(manifest.drafts):
+            head = draft.head
+            if head is not None and (
+                head.feature_layers != manifest.target.feature_layers
+                or head.feature_size != manifest.target.feature_size
+            ):
+                raise ArtifactError(
+                    f"{where}: drafts[{i}] ({draft.name}) reads target features "
+                    f"{list(head.feature_layers)} ({head.feature_size} wide), the target gives "
+                    f"{list(manifest.target.feature_layers)} ({manifest.target.feature_size})",
                     "re-export the artifact with `specx export`",
                 )
         return manifest

@@ -127,6 +127,8 @@ def speculative_step(
     cache.truncate(committed + 1 + n_accepted)  # keep last_committed + accepted drafts
     if drafter is not None and k > 0:
         drafter.commit(n_accepted)
+    if drafter is not None and drafter.reads_features and target.last_features is not None:
+        drafter.observe_features(committed, target.last_features[: 1 + n_accepted])
     return StepResult(
         tokens=np.append(proposal.tokens[:n_accepted], np.int64(next_token)),
         source=source,
@@ -167,10 +169,13 @@ def decode_loop(
 
     t0 = perf_counter()
     cache.reset()
-    if n_context > 1:
-        target.prefill(prompt[:-1], cache)
     if drafter is not None:
         drafter.start(prompt, DraftRequest(sampling, noise, settings.draft_p_min))
+    if n_context > 1:
+        reader = (
+            drafter.observe_features if drafter is not None and drafter.reads_features else None
+        )
+        target.prefill(prompt[:-1], cache, reader)
     stats.prefill_s = perf_counter() - t0
 
     start = perf_counter()

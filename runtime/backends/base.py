@@ -9,6 +9,10 @@ A backend (ONNX Runtime on the CPU or CUDA, TensorRT) implements ``GraphSession`
     fork()                   a handle on the same loaded graph with its own bindings and buffers
                              (one per concurrent generation)
     memory                   where this backend's cache buffers live (runtime/memory.py)
+    last_features            a target exported for a feature draft: the `features` rows of the
+                             last pass ([seq, F], a view the next pass overwrites), else None
+    forward_head(...)        a feature draft's pass (its graph takes features or its own hidden
+                             states besides the tokens); backends that cannot run one refuse
     pair_id                  the export the graph belongs to, as the graph itself records it
 
 Everything a backend shares with the others is written here once: cache creation against the
@@ -18,12 +22,13 @@ graph's capacity, the bounds check of a pass, prefill in chunks.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from specx.runtime.contract import ModelSpec
-from specx.runtime.errors import InputError
+from specx.runtime.errors import InputError, ProviderError
 from specx.runtime.kv_cache import KVCache
 from specx.runtime.memory import DeviceMemory
 
@@ -39,6 +44,7 @@ class GraphSession(ABC):
     memory: DeviceMemory
     max_chunk: int  # the most tokens one pass takes
     passes: int  # forward calls of this handle (forks count their own)
+    last_features: np.ndarray | None = None  # [seq, F] of the last pass, if the graph has them
 
     @property
     def vocab_size(self) -> int:
@@ -60,6 +66,21 @@ class GraphSession(ABC):
 
         Returns the logits of every new position, [seq, vocab], as a view into a buffer that the
         next call overwrites."""
+
+    def forward_head(
+        self,
+        tokens: np.ndarray,
+        features: np.ndarray | None,
+        hidden: np.ndarray | None,
+        cache: KVCache,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """A feature draft's pass over `tokens` ([seq]): each position reads the target's
+        `features` ([seq, F]) or, when features is None, the head's own `hidden` ([seq, hidden]).
+        Returns (logits [seq, vocab], hidden_out [seq, hidden]), views the next call overwrites."""
+        raise ProviderError(
+            f"the {type(self).__name__} backend does not run feature drafts",
+            "run the artifact with ONNX Runtime (--provider cpu or cuda)",
+        )
 
     @abstractmethod
     def fork(self) -> GraphSession:
@@ -93,10 +114,19 @@ class GraphSession(ABC):
                 f"{cache.capacity}"
             )
 
-    def prefill(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray | None:
+    def prefill(
+        self,
+        tokens: np.ndarray,
+        cache: KVCache,
+        on_features: Callable[[int, np.ndarray], None] | None = None,
+    ) -> np.ndarray | None:
         """Run any number of tokens in chunks; returns the last logits row (or None), a view
-        that the next pass overwrites, like forward's."""
+        that the next pass overwrites, like forward's. on_features(position, rows) receives each
+        chunk's features, where the graph has them."""
         last: np.ndarray | None = None
         for start in range(0, int(tokens.shape[0]), self.max_chunk):
+            position = cache.length
             last = self.forward(tokens[start : start + self.max_chunk], cache)[-1]
+            if on_features is not None and self.last_features is not None:
+                on_features(position, self.last_features)
         return last

@@ -33,6 +33,7 @@ ORT_TYPES = {
     "tensor(int32)": "int32",
     "tensor(float)": "float32",
     "tensor(float16)": "float16",
+    "tensor(bool)": "bool",
 }
 
 # Thread pools. A speculative loop alternates between two sessions; with a pool per session
@@ -166,6 +167,12 @@ class OrtSession(GraphSession):
         self.passes = 0
         self._logits = np.empty((max_chunk, spec.vocab_size), np.float32)
         self._batch_logits = np.empty((0, spec.vocab_size), np.float32)
+        # a target's features output ([chunk, F]); a head's hidden_out ([chunk, hidden])
+        self._features = np.empty((max_chunk, spec.feature_size), np.float32)
+        self._batch_features = np.empty((0, spec.feature_size), np.float32)
+        self._hidden_out = np.empty((max_chunk, spec.hidden_size), np.float32)
+        self._head_zeros: dict[str, np.ndarray] = {}
+        self.last_features = None
         self._binding = self.session.io_binding()
         self._bound_cache: KVCache | None = None  # gqa: whose buffers the binding holds
         self._position_ids = spec.uses_position_ids
@@ -176,6 +183,11 @@ class OrtSession(GraphSession):
         other = copy.copy(self)
         other._logits = np.empty_like(self._logits)
         other._batch_logits = np.empty_like(self._batch_logits)
+        other._features = np.empty_like(self._features)
+        other._batch_features = np.empty_like(self._batch_features)
+        other._hidden_out = np.empty_like(self._hidden_out)
+        other._head_zeros = {}
+        other.last_features = None
         other._binding = self.session.io_binding()
         other._bound_cache = None
         other.passes = 0
@@ -260,10 +272,82 @@ class OrtSession(GraphSession):
             [1, seq, self.vocab_size],
             self._logits.ctypes.data,
         )
+        features = self.spec.feature_size
+        if features:
+            io.bind_output(
+                contract.FEATURES,
+                "cpu",
+                0,
+                np.float32,
+                [1, seq, features],
+                self._features.ctypes.data,
+            )
         self.session.run_with_iobinding(io)
         cache.advance(seq)
         self.passes += 1
+        if features:
+            self.last_features = self._features[:seq]
         return self._logits[:seq]
+
+    def forward_head(
+        self,
+        tokens: np.ndarray,
+        features: np.ndarray | None,
+        hidden: np.ndarray | None,
+        cache: KVCache,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        head = self.spec.head
+        if head is None:
+            raise InputError(f"{self.path.name} is not a feature draft's graph")
+        seq = int(tokens.shape[0])
+        self.check_pass(seq, cache)
+        past = cache.length
+        io = self._binding
+        io.bind_cpu_input(
+            contract.INPUT_IDS, np.ascontiguousarray(tokens, np.int64).reshape(1, seq)
+        )
+        positions = np.arange(past, past + seq, dtype=np.int64).reshape(1, seq)
+        io.bind_cpu_input(contract.POSITION_IDS, positions)
+        from_target = features is not None
+        if features is None:
+            features = self._zeros("features", seq, head.feature_size)
+        if hidden is None:
+            hidden = self._zeros("hidden", seq, self.spec.hidden_size)
+        io.bind_cpu_input(
+            contract.FEATURES, np.ascontiguousarray(features, np.float32).reshape(1, seq, -1)
+        )
+        io.bind_cpu_input(
+            contract.HIDDEN, np.ascontiguousarray(hidden, np.float32).reshape(1, seq, -1)
+        )
+        io.bind_cpu_input(contract.FROM_TARGET, np.full((1, seq, 1), from_target, dtype=np.bool_))
+        self._bind_plain(io, cache, past, seq)
+        io.bind_output(
+            contract.LOGITS,
+            "cpu",
+            0,
+            np.float32,
+            [1, seq, self.vocab_size],
+            self._logits.ctypes.data,
+        )
+        io.bind_output(
+            contract.HIDDEN_OUT,
+            "cpu",
+            0,
+            np.float32,
+            [1, seq, self.spec.hidden_size],
+            self._hidden_out.ctypes.data,
+        )
+        self.session.run_with_iobinding(io)
+        cache.advance(seq)
+        self.passes += 1
+        return self._logits[:seq], self._hidden_out[:seq]
+
+    def _zeros(self, name: str, seq: int, width: int) -> np.ndarray:
+        """Zeros for the input a head pass does not read (kept, not allocated per pass)."""
+        buf = self._head_zeros.get(name)
+        if buf is None or buf.shape[0] < seq:
+            buf = self._head_zeros[name] = np.zeros((max(seq, self.max_chunk), width), np.float32)
+        return buf[:seq]
 
     def _bind_plain(self, io: Any, cache: KVCache, past: int, seq: int) -> None:
         """past = the valid prefix of each buffer; new = the slots right after it."""
@@ -361,9 +445,23 @@ class OrtSession(GraphSession):
             [batch, seq, self.vocab_size],
             self._batch_logits.ctypes.data,
         )
+        features = self.spec.feature_size
+        if features:
+            if self._batch_features.shape[0] < need:
+                self._batch_features = np.empty((need, features), np.float32)
+            io.bind_output(
+                contract.FEATURES,
+                "cpu",
+                0,
+                np.float32,
+                [batch, seq, features],
+                self._batch_features.ctypes.data,
+            )
         self.session.run_with_iobinding(io)
         cache.lengths[rows] = starts + counts
         self.passes += 1
+        if features:
+            self.last_features = self._batch_features[:need].reshape(batch, seq, features)
         return self._batch_logits[:need].reshape(batch, seq, self.vocab_size)
 
     def new_batch_cache(self, rows: int, capacity: int) -> BatchKVCache:

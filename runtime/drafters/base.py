@@ -10,6 +10,9 @@ One narrow interface (like transformers' ``CandidateGenerator``, vLLM's proposer
                                    a drafter that knows its confidence asks `plan` after each
                                    token whether to take it and whether to draft another
     commit(num_accepted)           how many of the last proposal the target accepted
+    observe_features(position, f)  (drafters with reads_features only) the target's features
+                                   for the committed positions position .. + len(f) - 1, from
+                                   the pass that put them in the target's cache
 
 Everything a step learns about drafting comes back in the ``Proposal``'s declared fields (the
 tokens, their distributions or confidences, the catch-up and model passes it cost): callers never
@@ -64,6 +67,7 @@ class DraftRequest:
 
 class Drafter(Protocol):
     name: str
+    reads_features: bool  # True: the loop hands it the target's features (a feature draft)
 
     def start(self, prompt: np.ndarray, request: DraftRequest) -> None: ...
 
@@ -72,3 +76,5 @@ class Drafter(Protocol):
     def propose(self, context: np.ndarray, k: int, plan: DraftPlan | None = None) -> Proposal: ...
 
     def commit(self, num_accepted: int) -> None: ...
+
+    def observe_features(self, position: int, features: np.ndarray) -> None: ...

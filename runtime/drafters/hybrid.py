@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from specx.runtime.drafters.base import LOOKUP, MODEL, DraftPlan, DraftRequest, Proposal
-from specx.runtime.drafters.model import ModelDrafter
+from specx.runtime.drafters.base import LOOKUP, MODEL, Drafter, DraftPlan, DraftRequest, Proposal
 from specx.runtime.drafters.ngram import NgramDrafter
 
 PREFIX = "ngram+"  # a hybrid's name: ngram+NAME, NAME a model draft of the artifact
 
 
 class HybridDrafter:
-    def __init__(
-        self, lookup: NgramDrafter, model: ModelDrafter, min_match_tokens: int = 2
-    ) -> None:
+    def __init__(self, lookup: NgramDrafter, model: Drafter, min_match_tokens: int = 2) -> None:
         self.name = PREFIX + model.name
+        self.reads_features = model.reads_features
         self.lookup = lookup
         self.model = model
         self.min_match_tokens = min_match_tokens
@@ -41,3 +39,6 @@ class HybridDrafter:
     def commit(self, num_accepted: int) -> None:
         if self._used_model:
             self.model.commit(num_accepted)
+
+    def observe_features(self, position: int, features: np.ndarray) -> None:
+        self.model.observe_features(position, features)

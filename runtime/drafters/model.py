@@ -32,6 +32,29 @@ from specx.runtime.sampling import (
 )
 
 
+def pick_token(
+    row: np.ndarray, position: int, request: DraftRequest, target_vocab: int, want_top: bool
+) -> tuple[int, np.ndarray | None, float]:
+    """The draft's token for `position` from its logits `row` (over the ids it can emit, the
+    first ids of the target vocabulary): (token, its distribution over the target vocabulary
+    when rejection sampling needs it, else None; the draft's top probability). Greedy: the
+    argmax; invariant verification: the exponential race under the position's draws; rejection:
+    the draft's own keyed draw."""
+    sampling = request.sampling
+    if sampling.greedy:
+        token = int(np.argmax(row))
+        return token, None, top_probability(row, token) if want_top else 1.0
+    probs = warp(row, sampling)  # [len(row)]
+    noise = request.noise
+    if sampling.verification == "invariant":
+        exponentials = noise.exponentials(position)[: row.shape[0]]
+        return int(race(probs, exponentials)), None, float(probs.max())
+    token = sample(probs, noise.uniform(DRAFT, position))
+    full = np.zeros(target_vocab, dtype=np.float64)  # [target_vocab]
+    full[: row.shape[0]] = probs
+    return token, full, float(probs.max())
+
+
 class ModelDrafter:
     def __init__(
         self,
@@ -42,6 +65,7 @@ class ModelDrafter:
         name: str = "draft",
     ) -> None:
         self.name = name
+        self.reads_features = False
         self.session = session
         self.cache = session.new_cache(capacity)
         self.target_vocab = target_vocab
@@ -68,22 +92,9 @@ class ModelDrafter:
     def _next(
         self, logits: np.ndarray, position: int, want_top: bool
     ) -> tuple[int, np.ndarray | None, float]:
-        """The token for `position`: (token, its distribution over the target vocabulary when
-        rejection sampling needs it, else None; the draft's top probability)."""
-        row = logits[: self.shared_vocab]
-        sampling = self._request.sampling
-        if sampling.greedy:
-            token = int(np.argmax(row))
-            return token, None, top_probability(row, token) if want_top else 1.0
-        probs = warp(row, sampling)  # [shared_vocab]
-        noise = self._request.noise
-        if sampling.verification == "invariant":
-            exponentials = noise.exponentials(position)[: self.shared_vocab]
-            return int(race(probs, exponentials)), None, float(probs.max())
-        token = sample(probs, noise.uniform(DRAFT, position))
-        full = np.zeros(self.target_vocab, dtype=np.float64)  # [target_vocab]
-        full[: self.shared_vocab] = probs
-        return token, full, float(probs.max())
+        return pick_token(
+            logits[: self.shared_vocab], position, self._request, self.target_vocab, want_top
+        )
 
     def source(self, context: np.ndarray) -> str:
         return MODEL
@@ -128,3 +139,6 @@ class ModelDrafter:
     def commit(self, num_accepted: int) -> None:
         kept = self._context_len + min(num_accepted, self._fed_from_proposal)
         self.cache.truncate(min(kept, self.cache.length))
+
+    def observe_features(self, position: int, features: np.ndarray) -> None:
+        """A draft model reads no features."""

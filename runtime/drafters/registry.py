@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from specx.runtime.backends.base import GraphSession
 from specx.runtime.contract import Manifest, ModelSpec
 from specx.runtime.drafters.base import Drafter
+from specx.runtime.drafters.eagle import EagleDrafter
 from specx.runtime.drafters.hybrid import PREFIX, HybridDrafter
 from specx.runtime.drafters.model import ModelDrafter
 from specx.runtime.drafters.ngram import NgramDrafter
@@ -29,6 +30,7 @@ EXPORT_NOTHING = "nothing"  # no graph of its own
 EXPORT_MODEL = "model"  # a second model, traced and parity-checked like the target
 EXPORT_TARGET = "target"  # nothing: the target's own graph drafts
 EXPORT_QUANTIZED = "quantized"  # a weight-quantized copy of the target's graph
+EXPORT_HEAD = "head"  # a feature head's graph, and the target's graph with its features
 
 
 @dataclass(frozen=True)
@@ -63,12 +65,25 @@ def _model(name: str, res: DraftResources) -> ModelDrafter:
     )
 
 
+def _eagle(name: str, res: DraftResources) -> EagleDrafter:
+    spec = res.manifest.find_draft(name)
+    return EagleDrafter(
+        res.session_for(spec),
+        res.capacity,
+        res.manifest.target.vocab_size,
+        res.manifest.special_tokens.eos_token_ids,
+        name=name,
+    )
+
+
 def _ngram(name: str, res: DraftResources) -> NgramDrafter:
     return NgramDrafter(eos_token_ids=res.manifest.special_tokens.eos_token_ids)
 
 
 def _hybrid(name: str, res: DraftResources) -> HybridDrafter:
-    return HybridDrafter(_ngram("ngram", res), _model(name.removeprefix(PREFIX), res))
+    inner = name.removeprefix(PREFIX)
+    kind = kind_of_spec(res.manifest, res.manifest.find_draft(inner))
+    return HybridDrafter(_ngram("ngram", res), kind.build(inner, res))
 
 
 KINDS: dict[str, DrafterKind] = {
@@ -103,6 +118,16 @@ KINDS: dict[str, DrafterKind] = {
             EXPORT_QUANTIZED,
             _model,
             keyword="int4",
+            fp16=False,
+            tensorrt=False,
+        ),
+        DrafterKind(
+            "eagle",
+            "a feature draft (EAGLE-1/2/3 head: one layer over the target's hidden states), "
+            "imported from an EAGLE or speculators checkpoint or made by `specx distill` "
+            "(NAME=PATH)",
+            EXPORT_HEAD,
+            _eagle,
             fp16=False,
             tensorrt=False,
         ),
@@ -145,6 +170,8 @@ def split_hybrid(entry: str) -> str | None:
 
 def kind_of_spec(manifest: Manifest, spec: ModelSpec) -> DrafterKind:
     """The kind of an exported draft model."""
+    if spec.head is not None:
+        return KINDS["eagle"]
     by_variant = KINDS.get(spec.variant)
     if by_variant is not None and by_variant.export == EXPORT_QUANTIZED:
         return by_variant
