@@ -65,7 +65,9 @@ def test_a_head_checkpoint_exports_as_a_feature_draft_that_the_manifest_describe
     manifest = pipe.manifest
     (spec,) = manifest.drafts
     assert spec.name == "eagle" and spec.head is not None
-    assert spec.head.kind == ("eagle3" if layout.endswith("v3") or layout.endswith("3") else "eagle")
+    assert spec.head.kind == (
+        "eagle3" if layout.endswith("v3") or layout.endswith("3") else "eagle"
+    )
     assert spec.head.layout == ("speculators" if layout.startswith("speculators") else "eagle")
     if spec.head.kind == "eagle":  # the target's final normed hidden state
         assert manifest.target.feature_layers == (TARGET_LAYERS,)

@@ -1,0 +1,711 @@
+"""`specx distill`: train an EAGLE-3-style feature draft for a target that has none.
+
+1. data (distill_data.py): the target answers prompts greedily; one target pass per sequence
+   records its hidden states at three layers (low, middle, high) and its next-token
+   distributions;
+2. a draft vocabulary: the most frequent ids of the answers (a reduced LM head is most of what
+   makes a head cheap on a small target), with EAGLE-3's d2t/t2d maps;
+3. training with "training-time test" (EAGLE-3): each position is unrolled for `steps` draft
+   tokens, step j reading the head's own output of step j - 1 and attending to the true pairs
+   before it plus its own chain, as the drafter does at run time; soft cross-entropy against
+   the target's distribution, weighted 0.8^(j-1);
+4. a held-out report: per-position acceptance of greedy chain drafts on prompts never trained on,
+   and the mean tokens per target pass that gives for K = 1..steps;
+5. the head in vLLM speculators' EAGLE-3 layout (config.json + model.safetensors), which
+   `specx export --draft eagle=DIR` reads, and so can vLLM.
+
+Checkpoints (DIR/checkpoint.pt, every `checkpoint_every` s and at the end) and the data cache
+(DIR/data.npz) let `--resume` pick up where a run stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specx.runtime.errors import ExportError
+
+from .distill_data import (
+    Sequence,
+    generate_answers,
+    grounded_prompts,
+    load_sequences,
+    read_user_prompts,
+    record_target,
+    save_sequences,
+    shipped_prompts,
+    text_windows,
+)
+from .feature_head import FeatureHead, HeadConfig
+from .load import Log, eos_token_ids, load_source, model_vocab_size
+
+DATA_FILE = "data.npz"
+CHECKPOINT_FILE = "checkpoint.pt"
+REPORT_FILE = "distill_report.json"
+TOP = 8  # the target's top-k kept as soft labels
+
+
+@dataclass(frozen=True)
+class DistillOptions:
+    prompts: tuple[Path, ...] = ()  # the user's prompt files (none: the shipped set)
+    texts: tuple[Path, ...] = ()  # the user's text files (read as they are)
+    max_prompts: int = 0  # at most this many first-round prompts (0: all)
+    max_new_tokens: int = 160  # per answer
+    grounded: int = 240  # second-round grounded tasks over the target's own answers
+    draft_vocab: int = 8192  # ids the head scores (0 or >= the vocabulary: all)
+    steps: int = 3  # training-time-test unroll (draft tokens per position)
+    train_minutes: float = 30.0  # training time budget
+    max_epochs: int = 20
+    batch_size: int = 8  # sequences per optimizer step
+    generate_batch: int = 16
+    lr: float = 2e-3
+    held_out: float = 0.1  # share of prompts kept out of training, for the report
+    seed: int = 0
+    resume: bool = False
+    checkpoint_every: float = 300.0  # seconds
+    device: str = "auto"  # "cpu", "cuda", or auto
+
+
+@dataclass
+class DistillReport:
+    target: str
+    taps: list[int]
+    draft_vocab: int
+    parameters: int
+    sequences: dict[str, int] = field(default_factory=dict)  # train / held_out
+    tokens: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # data, training, report
+    epochs: float = 0.0
+    train_loss: float = 0.0
+    held_out_acceptance: list[float] = field(default_factory=list)  # conditional, per position
+    held_out_tokens_per_pass: dict[str, float] = field(default_factory=dict)  # by K
+    draft_vocab_coverage: float = 0.0  # share of held-out answer tokens inside the draft vocab
+
+
+def default_taps(layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low, middle and high layers (runtime/contract.py numbering)."""
+    return (min(2, layers - 1), layers // 2, max(0, layers - 3))
+
+
+def head_config(target: Any, taps: tuple[int, ...]) -> HeadConfig:
+    """A head shaped like one layer of the target (its heads, MLP width, rotary settings)."""
+    cfg = target.config
+    hidden = int(cfg.hidden_size)
+    heads = int(cfg.num_attention_heads)
+    rope = {
+        k: getattr(cfg, k)
+        for k in ("rope_theta", "rope_scaling", "max_position_embeddings")
+        if getattr(cfg, k, None) is not None
+    }
+    return HeadConfig(
+        kind="eagle3",
+        layout="speculators",
+        hidden_size=hidden,
+        num_heads=heads,
+        kv_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(cfg, "head_dim", None) or hidden // heads),
+        intermediate_size=int(cfg.intermediate_size),
+        rms_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
+        taps=taps,
+        target_hidden=hidden,
+        fc_bias=True,
+        input_norm=False,
+        embed_norm=False,
+        head_norm=True,
+        norm_before_residual=False,
+        rope=rope,
+    )
+
+
+def draft_vocabulary(sequences: list[Sequence], size: int, vocab: int) -> np.ndarray:
+    """The `size` ids the answers use most (ties: lower id), sorted; all ids when size is 0 or
+    not smaller than the vocabulary."""
+    if size <= 0 or size >= vocab:
+        return np.arange(vocab)
+    counts = np.zeros(vocab, np.int64)
+    for s in sequences:
+        np.add.at(counts, s.ids[s.first_label :], 1)
+        if s.top_ids is not None:
+            np.add.at(counts, s.top_ids[s.first_label :, 0], 1)
+    order = np.lexsort((np.arange(vocab), -counts))
+    return np.sort(order[:size])
+
+
+# -- the unrolled head ---------------------------------------------------------------------------
+
+
+def _rope(head: FeatureHead, x: Any, positions: Any) -> tuple[Any, Any]:
+    return head.rotary(x, positions)  # [batch, seq, head_dim] each
+
+
+def _rotate(x: Any, cos: Any, sin: Any) -> Any:
+    half = x.shape[-1] // 2
+    return x * cos + __import__("torch").cat((-x[..., half:], x[..., :half]), -1) * sin
+
+
+def unrolled_logits(
+    head: FeatureHead, ids: Any, features: Any, valid: Any, steps: int
+) -> list[Any]:
+    """Draft logits over the head's own vocabulary for every position and unroll step.
+
+    ids [B, T], features [B, T, F], valid [B, T] bool. Step j (1-based) at position t reads the
+    pair (step j - 1's hidden_out at t, or fc(features[t]) for j = 1; token t + j) at position
+    t + j - 1, attends to the true pairs 0..t (step 1's keys) and to its own chain (the keys of
+    steps 2..j at t), and predicts token t + j + 1. Returns [B, T, draft_vocab] per step.
+    """
+    import torch
+
+    cfg = head.cfg
+    batch, length = ids.shape
+    heads, kv, dim = cfg.num_heads, cfg.kv_heads, cfg.head_dim
+    groups = heads // kv
+    emb_all = head.embed_tokens(ids)  # [B, T, d]
+    base = torch.arange(length, device=ids.device)[None].expand(batch, -1)
+    causal = base[:, None, :] <= base[:, :, None]  # [B, T(query), T(key)]
+    causal = causal & valid[:, None, :]
+    fused = head.fc(features)  # [B, T, d]
+    keys1 = values1 = None
+    chain_keys: list[Any] = []
+    chain_values: list[Any] = []
+    outputs = []
+    scale = 1.0 / math.sqrt(dim)
+    for j in range(1, steps + 1):
+        # pair at position t + j - 1: token t + j (shifted left by j), the fused state
+        token_emb = torch.roll(emb_all, shifts=-j, dims=1)
+        normed = head.hidden_norm(fused)
+        residual = normed if cfg.norm_before_residual else fused
+        x = torch.cat([head.input_norm(token_emb), normed], dim=-1)
+        positions = base + (j - 1)
+        cos, sin = _rope(head, x, positions)
+        q = head.q_proj(x).view(batch, length, heads, dim).transpose(1, 2)
+        k = head.k_proj(x).view(batch, length, kv, dim).transpose(1, 2)
+        v = head.v_proj(x).view(batch, length, kv, dim).transpose(1, 2)
+        q = _rotate(q, cos[:, None], sin[:, None])  # [B, H, T, dim]
+        k = _rotate(k, cos[:, None], sin[:, None])  # [B, kv, T, dim]
+        qg = q.view(batch, kv, groups, length, dim)
+        if j == 1:
+            keys1, values1 = k, v
+            scores = torch.einsum("bkgqd,bksd->bkgqs", qg, k) * scale
+            scores = scores.masked_fill(~causal[:, None, None], float("-inf"))
+            probs = torch.softmax(scores, dim=-1)
+            out = torch.einsum("bkgqs,bksd->bkgqd", probs, v)
+        else:
+            assert keys1 is not None and values1 is not None
+            chain_keys.append(k)
+            chain_values.append(v)
+            scores1 = torch.einsum("bkgqd,bksd->bkgqs", qg, keys1) * scale
+            scores1 = scores1.masked_fill(~causal[:, None, None], float("-inf"))
+            own = [torch.einsum("bkgqd,bkqd->bkgq", qg, ck)[..., None] * scale for ck in chain_keys]
+            probs = torch.softmax(torch.cat([scores1, *own], dim=-1), dim=-1)
+            out = torch.einsum("bkgqs,bksd->bkgqd", probs[..., :length], values1)
+            for i, cv in enumerate(chain_values):
+                out = out + probs[..., length + i, None] * cv[:, :, None]
+        out = out.reshape(batch, heads, length, dim).transpose(1, 2).reshape(batch, length, -1)
+        hidden = residual + head.o_proj(out)
+        y = head.post_norm(hidden)
+        hidden = hidden + head.down_proj(
+            torch.nn.functional.silu(head.gate_proj(y)) * head.up_proj(y)
+        )
+        outputs.append(head.lm_head(head.norm(hidden)).float())
+        fused = hidden
+    return outputs
+
+
+def soft_targets(
+    top_ids: Any, top_probs: Any, to_draft: Any, steps: int, first_label: Any, valid: Any
+) -> list[tuple[Any, Any, Any]]:
+    """Per step j: (draft ids [B, T, TOP], probabilities [B, T, TOP], mask [B, T]) of the target's
+    distribution of token t + j + 1 (its row t + j), renormalised over the draft vocabulary."""
+    import torch
+
+    out = []
+    length = top_ids.shape[1]
+    positions = torch.arange(length, device=top_ids.device)[None]
+    for j in range(1, steps + 1):
+        ids = torch.roll(top_ids, shifts=-j, dims=1)
+        probs = torch.roll(top_probs, shifts=-j, dims=1).float()
+        draft = to_draft[ids]  # [B, T, TOP], -1 outside the draft vocabulary
+        probs = torch.where(draft >= 0, probs, torch.zeros_like(probs))
+        total = probs.sum(-1, keepdim=True)
+        label_pos = positions + j + 1  # the token predicted
+        mask = (
+            (label_pos < length)
+            & (label_pos >= first_label[:, None])
+            & torch.roll(valid, shifts=-(j + 1), dims=1)
+            & (total[..., 0] > 0)
+        )
+        out.append((draft.clamp(min=0), probs / total.clamp(min=1e-9), mask))
+    return out
+
+
+def _batches(sequences: list[Sequence], size: int, rng: np.random.Generator) -> list[list[int]]:
+    """Sequences of similar length together (less padding), batches in random order."""
+    order = sorted(range(len(sequences)), key=lambda i: (len(sequences[i].ids), rng.random()))
+    batches = [order[i : i + size] for i in range(0, len(order), size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def _tensors(sequences: list[Sequence], device: Any) -> dict[str, Any]:
+    import torch
+
+    width = max(len(s.ids) for s in sequences)
+    n = len(sequences)
+    feature_size = sequences[0].features.shape[1]  # type: ignore[union-attr]
+    ids = torch.zeros((n, width), dtype=torch.long)
+    features = torch.zeros((n, width, feature_size))
+    top_ids = torch.zeros((n, width, TOP), dtype=torch.long)
+    top_probs = torch.zeros((n, width, TOP))
+    valid = torch.zeros((n, width), dtype=torch.bool)
+    first = torch.zeros(n, dtype=torch.long)
+    for row, s in enumerate(sequences):
+        length = len(s.ids)
+        ids[row, :length] = torch.from_numpy(s.ids)
+        features[row, :length] = torch.from_numpy(s.features.astype(np.float32))  # type: ignore[union-attr]
+        top_ids[row, :length] = torch.from_numpy(s.top_ids.astype(np.int64))  # type: ignore[union-attr]
+        top_probs[row, :length] = torch.from_numpy(s.top_probs.astype(np.float32))  # type: ignore[union-attr]
+        valid[row, :length] = True
+        first[row] = s.first_label
+    return {
+        k: v.to(device)
+        for k, v in dict(
+            ids=ids,
+            features=features,
+            top_ids=top_ids,
+            top_probs=top_probs,
+            valid=valid,
+            first=first,
+        ).items()
+    }
+
+
+def _loss(head: FeatureHead, batch: dict[str, Any], to_draft: Any, steps: int) -> Any:
+    import torch
+
+    logits = unrolled_logits(head, batch["ids"], batch["features"], batch["valid"], steps)
+    targets = soft_targets(
+        batch["top_ids"], batch["top_probs"], to_draft, steps, batch["first"], batch["valid"]
+    )
+    total = torch.zeros(())
+    weight = 0.0
+    for j, (lg, (ids, probs, mask)) in enumerate(zip(logits, targets, strict=True)):
+        logp = torch.log_softmax(lg, dim=-1).gather(-1, ids)  # [B, T, TOP]
+        per_position = -(probs * logp).sum(-1)  # [B, T]
+        count = mask.sum().clamp(min=1)
+        total = total + 0.8**j * (per_position * mask).sum() / count
+        weight += 0.8**j
+    return total / weight
+
+
+def held_out_acceptance(
+    head: FeatureHead, sequences: list[Sequence], to_draft: Any, steps: int, device: Any
+) -> tuple[list[float], float]:
+    """Greedy chain drafting on held-out answers: per position j, the share of chains whose
+    first j drafts all equal the target's greedy tokens, conditional on the first j - 1
+    (what verification would accept); and the share of answer tokens in the draft vocabulary."""
+    import torch
+
+    draft_to_target = head.draft_ids
+    reached = np.zeros(steps + 1)
+    accepted = np.zeros(steps + 1)
+    inside = total = 0
+    with torch.no_grad():
+        for start in range(0, len(sequences), 8):
+            batch = _tensors(sequences[start : start + 8], device)
+            logits = unrolled_logits(head, batch["ids"], batch["features"], batch["valid"], steps)
+            length = batch["ids"].shape[1]
+            positions = torch.arange(length, device=device)[None]
+            alive = torch.ones_like(batch["valid"])
+            for j, lg in enumerate(logits, start=1):
+                guess = lg.argmax(-1)  # draft ids [B, T]
+                if draft_to_target is not None:
+                    guess = draft_to_target[guess]
+                greedy = torch.roll(batch["top_ids"][..., 0], shifts=-j, dims=1)  # target argmax
+                label_pos = positions + j + 1
+                ok = (
+                    (label_pos < length)
+                    & (label_pos >= batch["first"][:, None])
+                    & torch.roll(batch["valid"], shifts=-(j + 1), dims=1)
+                )
+                if j == 1:
+                    alive = ok
+                reached[j] += float((alive & ok).sum())
+                alive = alive & ok & (guess == greedy)
+                accepted[j] += float(alive.sum())
+            answer = [s.ids[s.first_label :] for s in sequences[start : start + 8]]
+            for a in answer:
+                total += len(a)
+                inside += int((to_draft[torch.from_numpy(a)] >= 0).sum())
+    conditional = [float(accepted[j] / max(1.0, reached[j])) for j in range(1, steps + 1)]
+    return conditional, inside / max(1, total)
+
+
+def tokens_per_pass(conditional: list[float], k: int) -> float:
+    """Expected tokens a target pass commits with K chained drafts: 1 + the expected accepted
+    prefix (each draft accepted only if all before it were)."""
+    expected, alive = 1.0, 1.0
+    for j in range(k):
+        alive *= conditional[j]
+        expected += alive
+    return expected
+
+
+def save_speculators(
+    head: FeatureHead, folder: Path, draft_ids: np.ndarray, target_vocab: int, target: Any
+) -> None:
+    """The head in vLLM speculators' EAGLE-3 layout (the embedding stays the target's)."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = head.cfg
+    prefix = "layers.0."
+    names = {
+        "fc.weight": "fc.weight",
+        "fc.bias": "fc.bias",
+        "q_proj.weight": f"{prefix}self_attn.q_proj.weight",
+        "k_proj.weight": f"{prefix}self_attn.k_proj.weight",
+        "v_proj.weight": f"{prefix}self_attn.v_proj.weight",
+        "o_proj.weight": f"{prefix}self_attn.o_proj.weight",
+        "gate_proj.weight": f"{prefix}mlp.gate_proj.weight",
+        "up_proj.weight": f"{prefix}mlp.up_proj.weight",
+        "down_proj.weight": f"{prefix}mlp.down_proj.weight",
+        "input_norm.weight": f"{prefix}input_layernorm.weight",
+        "hidden_norm.weight": f"{prefix}hidden_norm.weight",
+        "post_norm.weight": f"{prefix}post_attention_layernorm.weight",
+        "norm.weight": "norm.weight",
+        "lm_head.weight": "lm_head.weight",
+    }
+    params = dict(head.named_parameters())
+    tensors = {theirs: params[ours].detach().cpu().contiguous() for ours, theirs in names.items()}
+    ids = torch.from_numpy(np.asarray(draft_ids, np.int64))
+    tensors["d2t"] = ids - torch.arange(ids.shape[0])
+    t2d = torch.zeros(target_vocab, dtype=torch.bool)
+    t2d[ids] = True
+    tensors["t2d"] = t2d
+    layer = {
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "rms_norm_eps": cfg.rms_eps,
+        "vocab_size": target_vocab,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        **{k: v for k, v in cfg.rope.items()},
+    }
+    config = {
+        "speculators_model_type": "eagle3",
+        "architectures": ["Eagle3Speculator"],
+        "transformer_layer_config": layer,
+        "draft_vocab_size": int(ids.shape[0]),
+        "norm_before_residual": cfg.norm_before_residual,
+        "target_hidden_size": cfg.target_hidden,
+        "eagle_aux_hidden_state_layer_ids": list(cfg.taps),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "verifier": {"architectures": list(getattr(target.config, "architectures", []) or [])},
+            "trained_by": "specx distill",
+        },
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    save_file(tensors, str(folder / "model.safetensors"))
+
+
+def _progress(log: Log) -> Callable[..., Any]:
+    """tqdm bars on a terminal (transformers depends on tqdm), quiet ones otherwise."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - transformers installs tqdm
+        tqdm = None
+
+    def make(total: int, desc: str, unit: str) -> Any:
+        if tqdm is None:
+            return _NoBar()
+        quiet = not sys.stderr.isatty()  # a log file gets the summary lines only
+        return tqdm(
+            total=total, desc=f"  {desc}", unit=unit, leave=False, mininterval=2.0, disable=quiet
+        )
+
+    return make
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        """No bar."""
+
+    def close(self) -> None:
+        """No bar."""
+
+    def set_postfix_str(self, s: str) -> None:
+        """No bar."""
+
+
+def _split(items: list[Any], held_out: float, seed: int) -> tuple[list[Any], list[Any]]:
+    rng = np.random.default_rng(seed)
+    keep = rng.random(len(items)) >= held_out
+    return [x for x, k in zip(items, keep, strict=True) if k], [
+        x for x, k in zip(items, keep, strict=True) if not k
+    ]
+
+
+def collect_data(
+    src: Any, taps: tuple[int, ...], options: DistillOptions, log: Log, progress: Any
+) -> tuple[list[Sequence], list[Sequence]]:
+    """(training sequences, held-out sequences): answers to prompts (first round, then grounded
+    tasks over some first-round answers) and text windows; held-out ones come from prompts
+    never trained on."""
+    eos = eos_token_ids(src)
+    if options.prompts:
+        first = read_user_prompts(list(options.prompts))
+    elif options.texts:
+        first = []
+    else:
+        chat, code = shipped_prompts()
+        first = chat + code
+    rng = np.random.default_rng(options.seed)
+    if options.max_prompts and len(first) > options.max_prompts:
+        first = [first[i] for i in sorted(rng.choice(len(first), options.max_prompts, False))]
+    train_prompts, held_prompts = _split(first, options.held_out, options.seed)
+    sequences: dict[str, list[Sequence]] = {"train": [], "held": []}
+    for part, prompts in (("train", train_prompts), ("held", held_prompts)):
+        if not prompts:
+            continue
+        log(f"  {part}: the target answers {len(prompts)} prompts")
+        answers = generate_answers(
+            src, prompts, options.max_new_tokens, options.generate_batch, eos, log, progress
+        )
+        sequences[part] += answers
+        if not options.prompts and options.grounded:
+            chat_answers = [
+                src.tokenizer.decode(s.ids[s.first_label :], skip_special_tokens=True).strip()
+                for s, p in zip(answers, prompts, strict=True)
+                if p.chat
+            ]
+            passages = [a for a in chat_answers if len(a) > 80]
+            share = options.grounded
+            if part == "held":
+                share = max(1, round(options.grounded * options.held_out))
+            picked = [passages[i] for i in rng.permutation(len(passages))[:share]]
+            grounded = grounded_prompts(picked, options.seed)
+            if grounded:
+                log(f"  {part}: {len(grounded)} grounded tasks over the target's own answers")
+                sequences[part] += generate_answers(
+                    src,
+                    grounded,
+                    options.max_new_tokens,
+                    options.generate_batch,
+                    eos,
+                    log,
+                    progress,
+                )
+    if options.texts:
+        windows = text_windows(src, list(options.texts), 256)
+        train, held = _split(windows, options.held_out, options.seed)
+        sequences["train"] += train
+        sequences["held"] += held
+    if not sequences["train"]:
+        raise ExportError("no training data", "pass --prompts or --text files with content")
+    log("  recording the target's hidden states and distributions")
+    for part in ("train", "held"):
+        record_target(src, sequences[part], taps, options.generate_batch // 2 or 1, progress)
+    return sequences["train"], sequences["held"]
+
+
+def distill(
+    target: str, output: Path, options: DistillOptions | None = None, log: Log = print
+) -> DistillReport:
+    """Train a feature head for `target` into `output` (see the module's docstring)."""
+    import torch
+
+    options = options or DistillOptions()
+    _check_options(output, options)
+    device = torch.device(
+        ("cuda" if torch.cuda.is_available() else "cpu")
+        if options.device == "auto"
+        else options.device
+    )
+    torch.manual_seed(options.seed)
+    progress = _progress(log)
+    t0 = time.perf_counter()
+    log(f"loading {target}")
+    src = load_source(target, log)
+    if src.model_type == "gpt2":
+        raise ExportError(
+            "feature drafts need a target of the Llama lineage, not gpt2",
+            "use a model draft, int8/int4 or ngram with this target",
+        )
+    src.model.to(device)
+    layers = int(src.config.num_hidden_layers)
+    taps = default_taps(layers)
+    output.mkdir(parents=True, exist_ok=True)
+    data_path = output / DATA_FILE
+    if options.resume and data_path.is_file():
+        log(f"  reading the data of the last run ({data_path})")
+        data = load_sequences(data_path)
+        n_train = int(json.loads((output / "data.json").read_text())["train"])
+        train, held = data[:n_train], data[n_train:]
+    else:
+        train, held = collect_data(src, taps, options, log, progress)
+        save_sequences(train + held, data_path)
+        (output / "data.json").write_text(json.dumps({"train": len(train)}) + "\n")
+    data_s = time.perf_counter() - t0
+    vocab = model_vocab_size(src)
+    draft_ids = draft_vocabulary(train, options.draft_vocab, vocab)
+    to_draft = torch.full((vocab,), -1, dtype=torch.long)
+    to_draft[torch.from_numpy(draft_ids)] = torch.arange(len(draft_ids))
+    to_draft = to_draft.to(device)
+    cfg = head_config(src.model, taps)
+    embedding = src.model.get_input_embeddings().weight.detach().float()
+    lm_rows = src.model.get_output_embeddings().weight.detach().float()[torch.from_numpy(draft_ids)]
+    reduced = len(draft_ids) < vocab
+    head = FeatureHead(
+        cfg, embedding, lm_rows, torch.from_numpy(draft_ids) if reduced else None, vocab
+    ).to(device)
+    head.embed_tokens.weight.requires_grad_(False)  # the target's, read as it is
+    trainable = [p for p in head.parameters() if p.requires_grad]
+    n_params = sum(p.numel() for p in trainable)
+    optimizer = torch.optim.AdamW(trainable, lr=options.lr, weight_decay=0.0)
+    state = {"epoch": 0, "batch": 0, "seconds": 0.0, "loss": float("nan")}
+    ckpt_path = output / CHECKPOINT_FILE
+    if options.resume and ckpt_path.is_file():
+        saved = torch.load(ckpt_path, map_location=device, weights_only=False)
+        head.load_state_dict(saved["head"])
+        optimizer.load_state_dict(saved["optimizer"])
+        state = saved["state"]
+        log(
+            f"  resuming at epoch {state['epoch']}, batch {state['batch']} "
+            f"({state['seconds']:.0f} s trained)"
+        )
+    log(
+        f"  head: {n_params / 1e6:.1f}M parameters, reads layers {list(taps)}, scores "
+        f"{len(draft_ids)} ids; {len(train)} training sequences "
+        f"({sum(len(s.ids) for s in train)} tokens), {len(held)} held out"
+    )
+    budget = options.train_minutes * 60.0
+    rng = np.random.default_rng(options.seed + int(state["epoch"]))
+    plan = _batches(train, options.batch_size, rng)
+    total_batches = options.max_epochs * len(plan)
+
+    def lr_at(step: int) -> float:  # warm up 20 steps, then cosine over the time budget
+        done = min(1.0, state["seconds"] / max(budget, 1.0))
+        return (
+            options.lr
+            * min(1.0, (step + 1) / 20)
+            * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done)))
+        )
+
+    bar = progress(total=int(budget), desc="training", unit="s")
+    bar.update(int(state["seconds"]))
+    last_save = time.perf_counter()
+    losses: list[float] = []
+    head.train()
+    while state["epoch"] < options.max_epochs and state["seconds"] < budget:
+        if state["batch"] >= len(plan):
+            state["epoch"] += 1
+            state["batch"] = 0
+            rng = np.random.default_rng(options.seed + int(state["epoch"]))
+            plan = _batches(train, options.batch_size, rng)
+            continue
+        started = time.perf_counter()
+        batch = _tensors([train[i] for i in plan[state["batch"]]], device)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(state["epoch"] * len(plan) + state["batch"])
+        loss = _loss(head, batch, to_draft, options.steps)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        state["loss"] = float(np.mean(losses[-50:]))
+        state["batch"] += 1
+        spent = time.perf_counter() - started
+        state["seconds"] += spent
+        bar.update(int(state["seconds"]) - bar.n if hasattr(bar, "n") else 0)
+        bar.set_postfix_str(f"epoch {state['epoch']} loss {state['loss']:.3f}", refresh=False)
+        if time.perf_counter() - last_save > options.checkpoint_every:
+            _save_checkpoint(ckpt_path, head, optimizer, state)
+            last_save = time.perf_counter()
+    bar.close()
+    head.eval()
+    _save_checkpoint(ckpt_path, head, optimizer, state)
+    epochs = state["epoch"] + state["batch"] / max(1, len(plan))
+    log(
+        f"  trained {state['seconds']:.0f} s: {epochs:.2f} epochs "
+        f"(of {total_batches / max(1, len(plan)):.0f} allowed), loss {state['loss']:.3f}"
+    )
+    t_report = time.perf_counter()
+    conditional, coverage = held_out_acceptance(
+        head, held or train[:16], to_draft, options.steps, device
+    )
+    report = DistillReport(
+        target=target,
+        taps=list(taps),
+        draft_vocab=len(draft_ids),
+        parameters=n_params,
+        sequences={"train": len(train), "held_out": len(held)},
+        tokens={
+            "train": sum(len(s.ids) for s in train),
+            "held_out": sum(len(s.ids) for s in held),
+        },
+        seconds={
+            "data": round(data_s, 1),
+            "training": round(float(state["seconds"]), 1),
+            "report": round(time.perf_counter() - t_report, 1),
+        },
+        epochs=round(epochs, 3),
+        train_loss=round(float(state["loss"]), 4),
+        held_out_acceptance=[round(a, 4) for a in conditional],
+        held_out_tokens_per_pass={
+            str(k): round(tokens_per_pass(conditional, k), 3) for k in range(1, options.steps + 1)
+        },
+        draft_vocab_coverage=round(coverage, 4),
+    )
+    head.to("cpu")
+    save_speculators(head, output, draft_ids, vocab, src.model)
+    (output / REPORT_FILE).write_text(json.dumps(asdict(report), indent=2) + "\n", encoding="utf-8")
+    log(
+        f"held-out acceptance per position {report.held_out_acceptance} (greedy, conditional); "
+        f"tokens per target pass {report.held_out_tokens_per_pass}; "
+        f"{coverage:.1%} of held-out answer tokens inside the draft vocabulary"
+    )
+    log(f"wrote {output} (speculators EAGLE-3 layout); use: specx export --draft eagle={output}")
+    return report
+
+
+def _save_checkpoint(path: Path, head: Any, optimizer: Any, state: dict[str, Any]) -> None:
+    import torch
+
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {"head": head.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, tmp
+    )
+    tmp.replace(path)
+
+
+def _check_options(output: Path, options: DistillOptions) -> None:
+    for path in (*options.prompts, *options.texts):
+        if not Path(path).is_file():
+            raise ExportError(f"{path} does not exist", "pass existing prompt or text files")
+    if options.steps < 1 or options.steps > 8:
+        raise ExportError(f"--steps must be in 1..8, got {options.steps}")
+    if options.train_minutes <= 0:
+        raise ExportError(f"--train-minutes must be positive, got {options.train_minutes}")
+    if not 0.0 <= options.held_out < 0.9:
+        raise ExportError(f"--held-out must be in [0, 0.9), got {options.held_out}")
+    if output.exists() and not output.is_dir():
+        raise ExportError(f"{output} exists and is not a folder", "choose another -o path")
+    if output.is_dir() and any(output.iterdir()) and not options.resume:
+        raise ExportError(
+            f"{output} is not empty", "pass --resume to continue a run there, or choose another -o"
+        )
