@@ -22,6 +22,7 @@ from specx.apps.cli_common import (
     threads_option,
     user_errors,
 )
+from specx.apps.cli_distill import distill
 from specx.apps.cli_export import build, export_cmd
 from specx.apps.cli_serve import serve, triton
 from specx.runtime.sampling import VERIFICATIONS
@@ -273,7 +274,7 @@ def profiles(name: str | None, debug: bool) -> None:
         )
 
 
-for command in (export_cmd, build, bench, serve, triton):
+for command in (export_cmd, build, distill, bench, serve, triton):
     main.add_command(command)
 
 
