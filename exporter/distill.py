@@ -65,7 +65,7 @@ class DistillOptions:
     train_minutes: float = 30.0  # training time budget
     max_epochs: int = 20
     batch_size: int = 8  # sequences per optimizer step
-    generate_batch: int = 16
+    generate_batch: int = 48  # answers generated together (CPU: 48 gave 1.5x the tok/s of 16)
     lr: float = 2e-3
     held_out: float = 0.1  # share of prompts kept out of training, for the report
     seed: int = 0
