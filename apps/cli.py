@@ -221,6 +221,13 @@ def info(artifact: Path, as_json: bool, debug: bool) -> None:
             f"{spec.num_layers} layers, {spec.num_parameters / 1e6:.1f}M params, "
             f"{spec.weight_bytes / 1e6:.0f} MB, {spec.variant}; {_quality(spec.parity)}"
         )
+        if spec.feature_layers:
+            click.echo(f"        returns its hidden states {list(spec.feature_layers)} (features)")
+        if spec.head is not None:
+            click.echo(
+                f"        a feature draft ({spec.head.kind}, {spec.head.layout} layout): reads "
+                f"the target's features, scores {spec.head.draft_vocab_size} ids"
+            )
     click.echo(f"drafters {', '.join(facts['drafters'])}; default {facts['default_drafter']}")
     ort_needs = facts["onnxruntime"]
     click.echo(

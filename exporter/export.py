@@ -261,7 +261,7 @@ def _export_into(
     max_length = min(s.max_length for s in (target_spec, *draft_specs))
     timings["total_s"] = time.perf_counter() - t_start
     manifest = Manifest(
-        format_version=contract.FORMAT_VERSION,
+        format_version=contract.format_version_for(draft_specs),
         pair_id=pair_id,
         target=target_spec,
         drafts=tuple(draft_specs),

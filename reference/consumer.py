@@ -1,8 +1,9 @@
 """A reference consumer of specx artifacts, written from docs/artifact-format.md alone.
 
 It imports nothing from specx: numpy, onnxruntime and tokenizers only, as a service in another
-language would use their equivalents. It runs the target alone, a model draft, n-gram lookup and
-the hybrid, on gqa and plain graphs, greedy or with drafter-invariant sampling, and reproduces
+language would use their equivalents. It runs the target alone, a model draft, a feature draft
+(EAGLE-style head reading the target's features), n-gram lookup and the hybrid, on gqa and plain
+graphs, greedy or with drafter-invariant sampling, and reproduces
 specx's token ids (tests/runtime/test_reference_consumer.py checks that on every graph variant).
 When the format changes, this file and the document change in the same commit.
 
@@ -24,7 +25,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-FORMAT_VERSION = 1  # the newest manifest this reader understands
+FORMAT_VERSION = 2  # the newest manifest this reader understands (2: feature drafts)
 PREFILL_CHUNK = 128  # prompt tokens per pass
 NGRAM_MAX, NGRAM_MIN, LOOKAHEAD = 3, 1, 64  # the n-gram drafter's parameters
 HYBRID_MIN_MATCH = 2  # a hybrid uses its lookup when the match continues for at least this many
@@ -49,13 +50,24 @@ class Model:
         self.capacity = capacity
         self.vocab = spec["vocab_size"]
         self.n = 0
+        outputs = {o["name"]: o for o in spec["outputs"]}
+        # a target's features output / a feature head's hidden_out: [batch, seq, width]
+        self.extra = {k: outputs[k]["shape"][2] for k in ("features", "hidden_out") if k in outputs}
+        self.last: dict[str, np.ndarray] = {}  # those outputs of the last pass, [s, width]
 
-    def forward(self, tokens: list[int]) -> np.ndarray:
-        """Score `tokens` at positions n .. n + s - 1; returns logits [s, vocab]; n += s."""
+    def forward(self, tokens: list[int], inputs: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """Score `tokens` at positions n .. n + s - 1; returns logits [s, vocab]; n += s.
+        inputs: a feature head's features, hidden and from_target ([s, width] each)."""
         s, n = len(tokens), self.n
         assert s >= 1 and n + s <= self.capacity
         io = self.session.io_binding()
         io.bind_cpu_input("input_ids", np.array([tokens], dtype=np.int64))
+        for name, value in (inputs or {}).items():
+            io.bind_cpu_input(name, np.ascontiguousarray(value)[None])
+        for name, width in self.extra.items():
+            self.last[name] = np.empty((1, s, width), np.float32)
+            buf = self.last[name]
+            io.bind_output(name, "cpu", 0, np.float32, list(buf.shape), buf.ctypes.data)
         if "position_ids" in self.inputs:
             io.bind_cpu_input("position_ids", np.arange(n, n + s, dtype=np.int64)[None])
         if self.gqa:
@@ -78,13 +90,35 @@ class Model:
         io.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         self.session.run_with_iobinding(io)
         self.n = n + s
+        self.last = {k: v[0] for k, v in self.last.items()}
         return logits[0]
 
-    def feed(self, tokens: list[int]) -> np.ndarray:
-        """Any number of tokens, PREFILL_CHUNK at a time; the last logits row."""
+    def feed(self, tokens: list[int], features: np.ndarray | None = None) -> np.ndarray:
+        """Any number of tokens, PREFILL_CHUNK at a time; the last logits row. features: the
+        target records its features output into it ([capacity, F], at the positions fed)."""
         for start in range(0, len(tokens), PREFILL_CHUNK):
+            at = self.n
             last = self.forward(tokens[start : start + PREFILL_CHUNK])[-1]
+            if features is not None:
+                features[at : self.n] = self.last["features"]
         return last
+
+
+def head_pass(head: Model, tokens: list[int], features: np.ndarray | None, hidden: Any) -> Any:
+    """A feature head's pass: each position reads the target's features (from_target) or the
+    head's own previous hidden_out. Returns (logits [s, vocab], hidden_out [s, hidden])."""
+    s = len(tokens)
+    width = head.spec["head"]["feature_size"]
+    size = head.spec["hidden_size"]
+    logits = head.forward(
+        tokens,
+        {
+            "features": features if features is not None else np.zeros((s, width), np.float32),
+            "hidden": hidden if hidden is not None else np.zeros((s, size), np.float32),
+            "from_target": np.full((s, 1), features is not None),
+        },
+    )
+    return logits, head.last["hidden_out"]
 
 
 def warp(logits: np.ndarray, s: dict[str, Any]) -> np.ndarray:
@@ -172,11 +206,15 @@ def generate(
         draft = Model(folder, spec, capacity)
     choose = Choice(sampling, target.vocab)
     shared = min(draft.vocab, target.vocab) if draft else target.vocab
+    # a feature head reads pairs (target features at t, token t + 1) at its position t
+    head = draft is not None and draft.spec.get("head") is not None
+    features = np.zeros((capacity, target.extra.get("features", 0)), np.float32)
+    last_pair: list[Any] = [None, None]  # the head's outputs for its last true pair
 
     context = list(prompt)
     if len(context) > 1:  # caches hold every committed token but the last
-        target.feed(context[:-1])
-        if draft is not None:
+        target.feed(context[:-1], features if head else None)
+        if draft is not None and not head:
             draft.feed([t if t < draft.vocab else 0 for t in context[:-1]])
     out: list[int] = []
     steps = proposed = accepted = 0
@@ -188,7 +226,26 @@ def generate(
         fed = 0  # drafted tokens fed to the draft model in this step
         if k > 0 and use_lookup:
             proposal = continuation[:k]
-        elif k > 0 and draft is not None:
+        elif k > 0 and head and draft is not None and target.n > 0:
+            end = target.n  # the pairs with true features: positions 0 .. end - 1
+            row = hidden = None
+            while draft.n < end:  # catch up, PREFILL_CHUNK pairs at a time
+                t = draft.n
+                stop = min(end, t + PREFILL_CHUNK)
+                rows, hiddens = head_pass(draft, context[t + 1 : stop + 1], features[t:stop], None)
+                row, hidden = rows[-1].copy(), hiddens[-1:].copy()
+            if row is None:  # nothing new since the last proposal: its first row again
+                row, hidden = last_pair
+            last_pair[:] = [row, hidden]
+            for i in range(k):
+                token = choose(row, len(context) + i)
+                proposal.append(token)
+                if i == k - 1 or token in eos:
+                    break
+                rows, hiddens = head_pass(draft, [token], None, hidden)
+                row, hidden = rows[0].copy(), hiddens.copy()
+            draft.n = end  # drop the pairs read with guessed features
+        elif k > 0 and draft is not None and not head:
             pending = context[draft.n :]  # catch up on what was committed since
             row = draft.feed([t if t < draft.vocab else 0 for t in pending])
             for i in range(k):
@@ -204,8 +261,10 @@ def generate(
         while n_ok < len(proposal) and proposal[n_ok] == choose(rows[n_ok], len(context) + n_ok):
             n_ok += 1
         tokens = [*proposal[:n_ok], choose(rows[n_ok], len(context) + n_ok)]
+        if head:  # the features of the positions the target keeps
+            features[committed : committed + 1 + n_ok] = target.last["features"][: 1 + n_ok]
         target.n = committed + 1 + n_ok  # roll back the rejected tail
-        if draft is not None and k > 0 and not use_lookup:
+        if draft is not None and k > 0 and not use_lookup and not head:
             draft.n = min(len(context) + min(n_ok, fed), draft.n)
         steps, proposed, accepted = steps + 1, proposed + len(proposal), accepted + n_ok
         tokens = tokens[: max_new - len(out)]

@@ -67,7 +67,11 @@ from typing import Any
 from specx.runtime.errors import ArtifactError
 from specx.runtime.schema import check_manifest
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest format this version of specx reads and writes
+# Version 2 adds feature drafts (a draft with a `head` record runs differently from a model
+# draft: a version-1 reader would get it wrong). An artifact without one stays version 1, so
+# version-1 readers keep reading everything they can run.
+FEATURE_DRAFTS_VERSION = 2
 MANIFEST_FILE = "manifest.json"
 PAIR_ID_KEY = "specx.pair_id"  # ONNX metadata key: the export every graph belongs to
 MAX_LENGTH_KEY = "specx.max_length"  # ONNX metadata key: positions the graph was exported for
@@ -105,6 +109,11 @@ CACHE_LAYOUTS = {
 FULL_BUFFER = ("gqa", "batched")
 
 DTYPES = ("float32", "float16")
+
+
+def format_version_for(drafts: tuple[ModelSpec, ...] | list[ModelSpec]) -> int:
+    """The oldest format that describes an artifact with these drafts."""
+    return FEATURE_DRAFTS_VERSION if any(d.head is not None for d in drafts) else 1
 
 
 @dataclass(frozen=True)

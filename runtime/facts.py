@@ -42,6 +42,9 @@ def _model(manifest: Manifest, spec: ModelSpec) -> dict[str, Any]:
         "operators_recorded": bool(spec.operators),
         "min_onnxruntime": f"{major}.{minor}",
         "min_onnxruntime_reason": why,
+        # a target's features output (the hidden states a feature draft reads), a head's record
+        "feature_layers": list(spec.feature_layers),
+        "head": spec.head.to_json() if spec.head is not None else None,
     }
 
 

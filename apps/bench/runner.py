@@ -141,16 +141,32 @@ def pass_times(
     cache = session.new_cache(past + max(widths) + 1)
     rng = np.random.default_rng(0)
     vocab = min(session.vocab_size, 1000)
-    session.prefill(rng.integers(10, vocab, size=past).astype(np.int64), cache)
+    if session.spec.head is not None:
+        features = np.zeros((past, session.spec.head.feature_size), np.float32)
+        for start in range(0, past, session.max_chunk):
+            chunk = slice(start, min(past, start + session.max_chunk))
+            ids = rng.integers(10, vocab, size=chunk.stop - chunk.start).astype(np.int64)
+            session.forward_head(ids, features[chunk], None, cache)
+    else:
+        session.prefill(rng.integers(10, vocab, size=past).astype(np.int64), cache)
     tokens = {w: rng.integers(10, vocab, size=w).astype(np.int64) for w in widths}
     times: dict[int, list[float]] = {w: [] for w in widths}
+    head = session.spec.head is not None  # a feature draft: its chained pass reads its own state
+    hidden = {w: np.zeros((w, session.spec.hidden_size), np.float32) for w in widths}
+
+    def one_pass(w: int) -> None:
+        if head:
+            session.forward_head(tokens[w], None, hidden[w], cache)
+        else:
+            session.forward(tokens[w], cache)
+
     for w in widths:  # warm-up at every shape
-        session.forward(tokens[w], cache)
+        one_pass(w)
         cache.truncate(past)
     for _ in range(repeats):
         for w in widths:
             t0 = time.perf_counter()
-            session.forward(tokens[w], cache)
+            one_pass(w)
             times[w].append(time.perf_counter() - t0)
             cache.truncate(past)
     return {w: statistics.median(t) for w, t in times.items()}

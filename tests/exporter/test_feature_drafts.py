@@ -49,7 +49,7 @@ def artifacts(tmp_path_factory: Any, target: tuple[Any, Path]) -> dict[str, tupl
             str(source),
             [str(head), "ngram"],
             artifact,
-            ExportOptions(max_length=128, batched=layout == "speculators_eagle3"),
+            ExportOptions(max_length=256, batched=layout == "speculators_eagle3"),
             log=lambda _m: None,
         )
         out[layout] = (head, artifact)
@@ -80,6 +80,7 @@ def test_a_head_checkpoint_exports_as_a_feature_draft_that_the_manifest_describe
     assert manifest.target.parity["max_feature_diff"] < 1e-3  # vs transformers' hidden states
     assert spec.parity["passed"] and spec.parity["max_abs_logit_diff"] <= spec.parity["tolerance"]
     assert pipe.drafter_names == ["eagle", "ngram", "ngram+eagle", "none"]
+    assert manifest.format_version == 2  # a version-1 reader would run the head as a model
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -204,3 +205,33 @@ def test_a_head_for_another_target_width_is_refused_with_the_reason(
     head = head_checkpoints.write_head("speculators_eagle", tmp_path / "head1", model)
     with pytest.raises(ExportError, match="Llama lineage"):
         export_pair(str(gpt2), [f"eagle={head}"], tmp_path / "out2", ExportOptions(max_length=64))
+
+
+@pytest.mark.parametrize("layout", ["eagle_authors_v1", "speculators_eagle3"])
+@pytest.mark.parametrize("drafter", ["eagle", "ngram+eagle"])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_the_reference_consumer_runs_feature_drafts_as_specx_does(
+    artifacts: dict[str, tuple[Path, Path]], layout: str, drafter: str, sampled: bool
+) -> None:
+    """reference/consumer.py (no specx import) reads the features output and drives the head
+    from docs/artifact-format.md alone: same token ids and acceptance counts as specx."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "reference" / "consumer.py"
+    spec = importlib.util.spec_from_file_location("reference_consumer_heads", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    artifact = artifacts[layout][1]
+    pipe = Pipeline.load(artifact)
+    sampling = (
+        {"temperature": 1.5, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 5} if sampled else None
+    )
+    rng = np.random.default_rng(3)
+    for length in (1, 6, 140):  # 140: the catch-up after prefill spans two chunks
+        prompt = rng.integers(3, 300, size=length).tolist()
+        options: dict[str, Any] = dict(max_new_tokens=30, k=3, drafter=drafter, **(sampling or {}))
+        want = pipe.generate(prompt, **options)
+        got = module.generate(artifact, prompt, 30, drafter, 3, sampling)
+        assert got["token_ids"] == want.token_ids, (length, got, want.token_ids)
+        assert (got["proposed"], got["accepted"]) == (want.stats.proposed, want.stats.accepted)

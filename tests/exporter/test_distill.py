@@ -1,0 +1,198 @@
+"""`specx distill`: a feature draft trained on the target's own answers, end to end on a tiny
+target: data, training with training-time test, the held-out report, the speculators EAGLE-3
+checkpoint, export, exact greedy decoding with it, and --resume."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import needs_exporter
+from reference import assert_same_or_near_tie, hf_greedy
+from specx.runtime import Pipeline
+from specx.runtime.settings import GenerationSettings
+
+pytestmark = needs_exporter
+
+
+@pytest.fixture(scope="module")
+def distilled(tmp_path_factory: Any, tokenizer: Any) -> dict[str, Any]:
+    import tiny_models
+    from specx.exporter import ExportOptions, export_pair
+    from specx.exporter.distill import DistillOptions, distill
+
+    root = tmp_path_factory.mktemp("distill")
+    model = tiny_models.build_model("llama", tokenizer.get_vocab_size(), seed=1, layers=6)
+    source = tiny_models.save(model, tokenizer, root / "target")
+    options = DistillOptions(
+        max_prompts=40,
+        max_new_tokens=32,
+        grounded=8,
+        draft_vocab=160,
+        train_minutes=0.4,
+        max_epochs=1000,
+        generate_batch=16,
+    )
+    logs: list[str] = []
+    report = distill(str(source), root / "head", options, log=logs.append)
+    artifact = root / "artifact"
+    export_pair(
+        str(source),
+        [f"eagle={root / 'head'}", "ngram"],
+        artifact,
+        ExportOptions(max_length=256),
+        log=lambda _m: None,
+    )
+    return {
+        "model": model,
+        "source": source,
+        "head": root / "head",
+        "report": report,
+        "artifact": artifact,
+        "options": options,
+        "logs": logs,
+    }
+
+
+def test_distill_writes_a_speculators_eagle3_head_and_a_held_out_report(
+    distilled: dict[str, Any],
+) -> None:
+    head: Path = distilled["head"]
+    config = json.loads((head / "config.json").read_text())
+    assert config["speculators_model_type"] == "eagle3"
+    assert config["draft_vocab_size"] == 160
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 3, 3]
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(head / "model.safetensors"))
+    assert tensors["lm_head.weight"].shape == (160, 64)
+    assert tensors["t2d"].sum() == 160 and tensors["d2t"].shape == (160,)
+    report = json.loads((head / "distill_report.json").read_text())
+    assert report["sequences"]["train"] > report["sequences"]["held_out"] > 0
+    assert report["tokens"]["train"] > 1000
+    assert len(report["held_out_acceptance"]) == 3
+    assert all(0.0 <= a <= 1.0 for a in report["held_out_acceptance"])
+    assert report["held_out_tokens_per_pass"]["1"] >= 1.0
+    assert report["seconds"]["training"] <= 0.4 * 60 + 5
+    assert report["train_loss"] > 0
+    assert any("held-out acceptance" in line for line in distilled["logs"])
+
+
+def test_a_distilled_head_drafts_what_the_target_says_on_its_training_prompts(
+    distilled: dict[str, Any],
+) -> None:
+    """The tiny random target's answers are too arbitrary to generalise from 40 prompts, but a
+    head that learned them must draft them: this checks that training sees the pairs the drafter
+    reads at run time (a shifted pair would leave acceptance near zero)."""
+    from specx.exporter.distill import DATA_FILE
+    from specx.exporter.distill_data import load_sequences
+
+    head: Path = distilled["head"]
+    n_train = json.loads((head / "data.json").read_text())["train"]
+    train = load_sequences(head / DATA_FILE)[:n_train]
+    pipe = Pipeline.load(distilled["artifact"])
+    model = distilled["model"]
+    eos = pipe.manifest.special_tokens.eos_token_ids
+    accepted = proposed = 0
+    for seq in train[:8]:
+        prompt = seq.ids[: seq.first_label]
+        n = len(seq.ids) - seq.first_label
+        got = pipe.generate(prompt, GenerationSettings(max_new_tokens=n, drafter="eagle", k=3))
+        assert_same_or_near_tie(model, prompt, got.token_ids, hf_greedy(model, prompt, n, eos))
+        accepted += got.stats.accepted
+        proposed += got.stats.proposed
+    assert proposed > 0 and accepted / proposed > 0.3, (accepted, proposed)
+
+
+def test_distill_resumes_from_its_checkpoint_without_generating_again(
+    distilled: dict[str, Any], tmp_path: Path
+) -> None:
+    import shutil
+
+    from specx.exporter.distill import CHECKPOINT_FILE, DATA_FILE, distill
+
+    head = tmp_path / "head"
+    shutil.copytree(distilled["head"], head)
+    data_mtime = os.path.getmtime(head / DATA_FILE)
+    before = json.loads((head / "distill_report.json").read_text())
+    import dataclasses
+
+    import torch
+
+    epochs_before = torch.load(head / CHECKPOINT_FILE, weights_only=False)["state"]["epoch"]
+    options = dataclasses.replace(distilled["options"], resume=True, train_minutes=0.6)
+    logs: list[str] = []
+    report = distill(str(distilled["source"]), head, options, log=logs.append)
+    assert any("reading the data of the last run" in line for line in logs)
+    assert any("resuming at epoch" in line for line in logs)
+    assert os.path.getmtime(head / DATA_FILE) == data_mtime
+    assert report.sequences == before["sequences"]
+    assert report.seconds["training"] > before["seconds"]["training"]
+    assert torch.load(head / CHECKPOINT_FILE, weights_only=False)["state"]["epoch"] > epochs_before
+
+
+def test_distill_reads_the_users_prompt_and_text_files(tmp_path: Path, tokenizer: Any) -> None:
+    import tiny_models
+    from specx.exporter.distill import DistillOptions, distill
+
+    model = tiny_models.build_model("llama", tokenizer.get_vocab_size(), seed=1, layers=4)
+    source = tiny_models.save(model, tokenizer, tmp_path / "target")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "\n".join(json.dumps({"prompt": f"Tell me about number {i}."}) for i in range(12))
+    )
+    text = tmp_path / "notes.txt"
+    text.write_text(" ".join(tiny_models.CORPUS) * 8)
+    options = DistillOptions(
+        prompts=(prompts,), texts=(text,), max_new_tokens=16, train_minutes=0.05, draft_vocab=0
+    )
+    report = distill(str(source), tmp_path / "head", options, log=lambda _m: None)
+    assert report.sequences["train"] >= 10
+    assert report.draft_vocab == tokenizer.get_vocab_size()  # 0: the whole vocabulary
+    assert report.taps == [2, 2, 1]
+
+
+def test_the_shipped_prompts_share_nothing_with_the_bench_workloads() -> None:
+    """The bench's prompts measure what a head learned elsewhere: none of them, nor any of
+    their passages, may be in the distillation set."""
+    from specx.apps.bench import load_workloads
+    from specx.exporter.distill_data import GROUNDED_TEMPLATES, shipped_prompts
+
+    chat, code = shipped_prompts()
+    shipped = {p.text for p in chat + code}
+    assert len(shipped) == len(chat) + len(code) > 800
+    for workload in load_workloads()["workloads"].values():
+        for prompt in workload["prompts"]:
+            assert prompt not in shipped
+            assert not any(prompt.startswith(t.split("{p}")[0]) for t in GROUNDED_TEMPLATES)
+            head = prompt.split("\n")[0]
+            assert not any(s.startswith(head) for s in shipped), head
+
+
+def test_distill_refuses_bad_options_with_exit_2_and_leaves_nothing(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from specx.apps.cli import main
+
+    runner = CliRunner()
+    out = tmp_path / "head"
+    for args, message in (
+        (["--steps", "0"], "--steps must be in 1..8"),
+        (["--train-minutes", "0"], "--train-minutes must be positive"),
+        (["--prompts", str(tmp_path / "missing.txt")], "does not exist"),
+        (["--batch-size", "0"], "--batch-size must be at least 1"),
+    ):
+        result = runner.invoke(main, ["distill", "some/model", "-o", str(out), *args])
+        assert result.exit_code == 2, result.output
+        assert message in result.output
+        assert not out.exists()
+    out.mkdir()
+    (out / "something").write_text("x")
+    result = runner.invoke(main, ["distill", "some/model", "-o", str(out)])
+    assert result.exit_code == 2 and "--resume" in result.output
+    assert np.array_equal(sorted(p.name for p in out.iterdir()), ["something"])
