@@ -313,7 +313,7 @@ def held_out_acceptance(
     (what verification would accept); and the share of answer tokens in the draft vocabulary."""
     import torch
 
-    draft_to_target = head.draft_ids
+    draft_to_target: Any = head.draft_ids
     reached = np.zeros(steps + 1)
     accepted = np.zeros(steps + 1)
     inside = total = 0
@@ -576,7 +576,7 @@ def distill(
     trainable = [p for p in head.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in trainable)
     optimizer = torch.optim.AdamW(trainable, lr=options.lr, weight_decay=0.0)
-    state = {"epoch": 0, "batch": 0, "seconds": 0.0, "loss": float("nan")}
+    state: dict[str, Any] = {"epoch": 0, "batch": 0, "seconds": 0.0, "loss": float("nan")}
     ckpt_path = output / CHECKPOINT_FILE
     if options.resume and ckpt_path.is_file():
         saved = torch.load(ckpt_path, map_location=device, weights_only=False)
