@@ -272,13 +272,14 @@ def record_target(
                 input_ids=ids.to(device), attention_mask=mask.to(device), output_hidden_states=True
             )
             feats = torch.cat([out.hidden_states[t] for t in taps], dim=-1).half().cpu()
-            probs = torch.softmax(out.logits.float(), dim=-1)
-            top = torch.topk(probs, 8, dim=-1)
+            logits = out.logits.float()  # [B, T, vocab]: no softmax over all of it
+            top = torch.topk(logits, 8, dim=-1)
+            top_probs = torch.exp(top.values - torch.logsumexp(logits, dim=-1, keepdim=True))
         for row, s in enumerate(batch):
             n = len(s.ids)
             s.features = feats[row, :n].numpy()
             s.top_ids = top.indices[row, :n].int().cpu().numpy()
-            s.top_probs = top.values[row, :n].half().cpu().numpy()
+            s.top_probs = top_probs[row, :n].half().cpu().numpy()
         bar.update(len(batch))
     bar.close()
 
