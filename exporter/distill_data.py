@@ -301,7 +301,8 @@ def save_sequences(sequences: list[Sequence], path: Path) -> None:
 
 
 def load_sequences(path: Path) -> list[Sequence]:
-    data = np.load(path)
+    with np.load(path) as npz:  # each access to an npz field reads it anew: read each once
+        data = {name: npz[name] for name in npz.files}
     out = []
     offset = 0
     for n, first in zip(data["lengths"], data["first_label"], strict=True):
