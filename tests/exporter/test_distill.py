@@ -166,7 +166,7 @@ def test_the_shipped_prompts_share_nothing_with_the_bench_workloads() -> None:
     chat, code = shipped_prompts()
     shipped = {p.text for p in chat + code}
     assert len(shipped) == len(chat) + len(code) > 800
-    for workload in load_workloads()["workloads"].values():
+    for workload in load_workloads().values():
         for prompt in workload["prompts"]:
             assert prompt not in shipped
             assert not any(prompt.startswith(t.split("{p}")[0]) for t in GROUNDED_TEMPLATES)
