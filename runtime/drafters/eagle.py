@@ -20,7 +20,7 @@ import numpy as np
 
 from specx.runtime.backends.base import GraphSession
 from specx.runtime.drafters.base import EMPTY, MODEL, NONE, DraftPlan, DraftRequest, Proposal
-from specx.runtime.drafters.model import pick_token
+from specx.runtime.drafters.model import DraftChain, pick_token
 from specx.runtime.errors import InputError
 from specx.runtime.sampling import PositionNoise, SamplingParams
 
@@ -92,38 +92,19 @@ class EagleDrafter:
         passes_before = self.session.passes
         catchup = self._context_len - 1 - self.cache.length
         logits, hidden = self._catch_up(context)  # [vocab], [1, hidden]: predicts x_m
-        min_confidence = self._request.min_confidence
-        want_top = plan is not None or min_confidence > 0.0
-        tokens: list[int] = []
-        rows: list[np.ndarray] = []
-        tops: list[float] = []
+        chain = DraftChain(k, plan, self._request, self.eos)
         for i in range(k):
             token, probs, top = pick_token(
-                logits, self._context_len + i, self._request, self.target_vocab, want_top
+                logits, self._context_len + i, self._request, self.target_vocab, chain.want_top
             )
-            if i > 0 and top < min_confidence:
-                break
-            take, more = plan(i, top) if plan is not None else (True, True)
-            if not take:
-                break
-            tokens.append(token)
-            tops.append(top)
-            if probs is not None:
-                rows.append(probs)
-            if not more or i == k - 1 or (self.eos.size and token in self.eos):
+            if not chain.offer(i, token, probs, top):
                 break
             # the pair (the head's own guess of the feature, the token it just drafted)
             step_logits, step_hidden = self.session.forward_head(
                 np.array([token], dtype=np.int64), None, hidden, self.cache
             )
             logits, hidden = step_logits[0], step_hidden.copy()
-        return Proposal(
-            np.asarray(tokens, dtype=np.int64),
-            np.stack(rows) if rows else None,  # [n, target_vocab]
-            np.asarray(tops) if want_top else None,  # [n]
-            catchup=catchup,
-            model_passes=self.session.passes - passes_before,
-        )
+        return chain.proposal(catchup, self.session.passes - passes_before)
 
     def commit(self, num_accepted: int) -> None:
         """Drop the pairs read with guessed features: they are read again with true ones."""

@@ -55,6 +55,45 @@ def pick_token(
     return token, full, float(probs.max())
 
 
+class DraftChain:
+    """The token-by-token part of a proposal, shared by the drafters that run a model: each
+    token is taken or ends the proposal as the draft's confidence and the policy's plan say."""
+
+    def __init__(
+        self, k: int, plan: DraftPlan | None, request: DraftRequest, eos: np.ndarray
+    ) -> None:
+        self.k = k
+        self.plan = plan
+        self.min_confidence = request.min_confidence
+        self.want_top = plan is not None or self.min_confidence > 0.0  # compute confidences
+        self.eos = eos
+        self.tokens: list[int] = []
+        self.rows: list[np.ndarray] = []  # p_draft rows (rejection sampling)
+        self.tops: list[float] = []
+
+    def offer(self, i: int, token: int, probs: np.ndarray | None, top: float) -> bool:
+        """Draft token i: take it or not; True when the draft should propose another."""
+        if i > 0 and top < self.min_confidence:
+            return False  # the draft is unsure: verify what we have
+        take, more = self.plan(i, top) if self.plan is not None else (True, True)
+        if not take:
+            return False
+        self.tokens.append(token)
+        self.tops.append(top)
+        if probs is not None:
+            self.rows.append(probs)
+        return more and i < self.k - 1 and not (self.eos.size and token in self.eos)
+
+    def proposal(self, catchup: int, model_passes: int) -> Proposal:
+        return Proposal(
+            np.asarray(self.tokens, dtype=np.int64),
+            np.stack(self.rows) if self.rows else None,  # [n, target_vocab]
+            np.asarray(self.tops) if self.want_top else None,  # [n]
+            catchup=catchup,
+            model_passes=model_passes,
+        )
+
+
 class ModelDrafter:
     def __init__(
         self,
@@ -108,33 +147,14 @@ class ModelDrafter:
         pending = context[self.cache.length :]  # committed tokens the draft has not seen
         logits = self.session.prefill(self._input(pending), self.cache)  # a view: used at once
         assert logits is not None
-        min_confidence = self._request.min_confidence
-        tokens: list[int] = []
-        rows: list[np.ndarray] = []
-        tops: list[float] = []
-        want_top = plan is not None or min_confidence > 0.0
+        chain = DraftChain(k, plan, self._request, self.eos)
         for i in range(k):
-            token, probs, top = self._next(logits, self._context_len + i, want_top)
-            if i > 0 and top < min_confidence:
-                break  # the draft is unsure: verify what we have
-            take, more = plan(i, top) if plan is not None else (True, True)
-            if not take:
-                break
-            tokens.append(token)
-            tops.append(top)
-            if probs is not None:
-                rows.append(probs)
-            if not more or i == k - 1 or (self.eos.size and token in self.eos):
+            token, probs, top = self._next(logits, self._context_len + i, chain.want_top)
+            if not chain.offer(i, token, probs, top):
                 break
             logits = self.session.forward(self._input(np.array([token])), self.cache)[0]
             self._fed_from_proposal += 1
-        return Proposal(
-            np.asarray(tokens, dtype=np.int64),
-            np.stack(rows) if rows else None,  # [n, target_vocab]
-            np.asarray(tops) if want_top else None,  # [n]
-            catchup=int(pending.shape[0]),
-            model_passes=self.session.passes - passes_before,
-        )
+        return chain.proposal(int(pending.shape[0]), self.session.passes - passes_before)
 
     def commit(self, num_accepted: int) -> None:
         kept = self._context_len + min(num_accepted, self._fed_from_proposal)
