@@ -34,6 +34,7 @@ from specx.runtime.drafters.base import (
     NONE,
     Drafter,
     DraftRequest,
+    FeatureReader,
     Proposal,
 )
 from specx.runtime.errors import InputError
@@ -206,7 +207,7 @@ class BatchDecoder:
         part = s.context[s.prefilled : end]
         runner = self.single or self.session
         runner.forward_rows(part[None], np.array([part.shape[0]]), self.cache, s.row)
-        if s.drafter is not None and s.drafter.reads_features:
+        if isinstance(s.drafter, FeatureReader):
             features = runner.last_features  # [1, chunk, F]
             if features is None:
                 raise InputError(
@@ -355,7 +356,7 @@ class BatchDecoder:
         self.cache.lengths[s.row] = committed + 1 + n_accepted
         if s.drafter is not None and s.k > 0:
             s.drafter.commit(n_accepted)
-        if s.drafter is not None and s.drafter.reads_features and features is not None:
+        if isinstance(s.drafter, FeatureReader) and features is not None:
             s.drafter.observe_features(committed, features[: 1 + n_accepted])
         step = StepResult(
             tokens=np.append(proposal.tokens[:n_accepted], np.int64(next_token)),

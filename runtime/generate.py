@@ -26,6 +26,7 @@ from specx.runtime.drafters.base import (
     Drafter,
     DraftPlan,
     DraftRequest,
+    FeatureReader,
     Proposal,
 )
 from specx.runtime.kv_cache import KVCache
@@ -127,7 +128,7 @@ def speculative_step(
     cache.truncate(committed + 1 + n_accepted)  # keep last_committed + accepted drafts
     if drafter is not None and k > 0:
         drafter.commit(n_accepted)
-    if drafter is not None and drafter.reads_features and target.last_features is not None:
+    if isinstance(drafter, FeatureReader) and target.last_features is not None:
         drafter.observe_features(committed, target.last_features[: 1 + n_accepted])
     return StepResult(
         tokens=np.append(proposal.tokens[:n_accepted], np.int64(next_token)),
@@ -172,9 +173,7 @@ def decode_loop(
     if drafter is not None:
         drafter.start(prompt, DraftRequest(sampling, noise, settings.draft_p_min))
     if n_context > 1:
-        reader = (
-            drafter.observe_features if drafter is not None and drafter.reads_features else None
-        )
+        reader = drafter.observe_features if isinstance(drafter, FeatureReader) else None
         target.prefill(prompt[:-1], cache, reader)
     stats.prefill_s = perf_counter() - t0
 

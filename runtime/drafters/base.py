@@ -10,9 +10,11 @@ One narrow interface (like transformers' ``CandidateGenerator``, vLLM's proposer
                                    a drafter that knows its confidence asks `plan` after each
                                    token whether to take it and whether to draft another
     commit(num_accepted)           how many of the last proposal the target accepted
-    observe_features(position, f)  (drafters with reads_features only) the target's features
-                                   for the committed positions position .. + len(f) - 1, from
-                                   the pass that put them in the target's cache
+
+A feature draft also implements ``FeatureReader``: the loops then hand it the target's features
+(``observe_features(position, f)``: the rows of the committed positions position ..
++ len(f) - 1, from the pass that put them in the target's cache). Other drafters need nothing
+of it.
 
 Everything a step learns about drafting comes back in the ``Proposal``'s declared fields (the
 tokens, their distributions or confidences, the catch-up and model passes it cost): callers never
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -67,7 +69,6 @@ class DraftRequest:
 
 class Drafter(Protocol):
     name: str
-    reads_features: bool  # True: the loop hands it the target's features (a feature draft)
 
     def start(self, prompt: np.ndarray, request: DraftRequest) -> None: ...
 
@@ -76,5 +77,10 @@ class Drafter(Protocol):
     def propose(self, context: np.ndarray, k: int, plan: DraftPlan | None = None) -> Proposal: ...
 
     def commit(self, num_accepted: int) -> None: ...
+
+
+@runtime_checkable
+class FeatureReader(Protocol):
+    """A drafter that reads the target's hidden states (a feature draft)."""
 
     def observe_features(self, position: int, features: np.ndarray) -> None: ...

@@ -38,7 +38,6 @@ class EagleDrafter:
         if head is None:
             raise InputError(f"{session.path.name} is not a feature draft's graph")
         self.name = name
-        self.reads_features = True
         self.session = session
         self.cache = session.new_cache(capacity)
         self.target_vocab = target_vocab

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from specx.runtime.drafters.base import LOOKUP, MODEL, Drafter, DraftPlan, DraftRequest, Proposal
+from specx.runtime.drafters.base import (
+    LOOKUP,
+    MODEL,
+    Drafter,
+    DraftPlan,
+    DraftRequest,
+    FeatureReader,
+    Proposal,
+)
 from specx.runtime.drafters.ngram import NgramDrafter
 
 PREFIX = "ngram+"  # a hybrid's name: ngram+NAME, NAME a model draft of the artifact
@@ -15,7 +23,6 @@ PREFIX = "ngram+"  # a hybrid's name: ngram+NAME, NAME a model draft of the arti
 class HybridDrafter:
     def __init__(self, lookup: NgramDrafter, model: Drafter, min_match_tokens: int = 2) -> None:
         self.name = PREFIX + model.name
-        self.reads_features = model.reads_features
         self.lookup = lookup
         self.model = model
         self.min_match_tokens = min_match_tokens
@@ -41,4 +48,6 @@ class HybridDrafter:
             self.model.commit(num_accepted)
 
     def observe_features(self, position: int, features: np.ndarray) -> None:
-        self.model.observe_features(position, features)
+        """Passed on to a feature draft (a draft model reads none)."""
+        if isinstance(self.model, FeatureReader):
+            self.model.observe_features(position, features)

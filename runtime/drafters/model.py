@@ -104,7 +104,6 @@ class ModelDrafter:
         name: str = "draft",
     ) -> None:
         self.name = name
-        self.reads_features = False
         self.session = session
         self.cache = session.new_cache(capacity)
         self.target_vocab = target_vocab
@@ -159,6 +158,3 @@ class ModelDrafter:
     def commit(self, num_accepted: int) -> None:
         kept = self._context_len + min(num_accepted, self._fed_from_proposal)
         self.cache.truncate(min(kept, self.cache.length))
-
-    def observe_features(self, position: int, features: np.ndarray) -> None:
-        """A draft model reads no features."""

@@ -22,7 +22,6 @@ class NgramDrafter:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.name = "ngram"
-        self.reads_features = False
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.eos = np.asarray(eos_token_ids, dtype=np.int64)
@@ -74,6 +73,3 @@ class NgramDrafter:
 
     def commit(self, num_accepted: int) -> None:
         """Nothing to keep: the next lookup reads the updated context."""
-
-    def observe_features(self, position: int, features: np.ndarray) -> None:
-        """A lookup reads no features."""
