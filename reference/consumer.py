@@ -209,7 +209,6 @@ def generate(
     # a feature head reads pairs (target features at t, token t + 1) at its position t
     head = draft is not None and draft.spec.get("head") is not None
     features = np.zeros((capacity, target.extra.get("features", 0)), np.float32)
-    last_pair: list[Any] = [None, None]  # the head's outputs for its last true pair
 
     context = list(prompt)
     if len(context) > 1:  # caches hold every committed token but the last
@@ -234,9 +233,7 @@ def generate(
                 stop = min(end, t + PREFILL_CHUNK)
                 rows, hiddens = head_pass(draft, context[t + 1 : stop + 1], features[t:stop], None)
                 row, hidden = rows[-1].copy(), hiddens[-1:].copy()
-            if row is None:  # nothing new since the last proposal: its first row again
-                row, hidden = last_pair
-            last_pair[:] = [row, hidden]
+            assert row is not None  # every verify pass adds a pair with true features
             for i in range(k):
                 token = choose(row, len(context) + i)
                 proposal.append(token)

@@ -46,13 +46,11 @@ class EagleDrafter:
         self._known = 0  # positions whose target features arrived
         self._request = DraftRequest(SamplingParams(), PositionNoise(0, target_vocab))
         self._context_len = 0
-        self._last: tuple[np.ndarray, np.ndarray] | None = None  # the last pair's outputs
 
     def start(self, prompt: np.ndarray, request: DraftRequest) -> None:
         self._request = request
         self.cache.reset()
         self._known = 0
-        self._last = None
 
     def observe_features(self, position: int, features: np.ndarray) -> None:
         n = int(features.shape[0])
@@ -66,23 +64,26 @@ class EagleDrafter:
         return MODEL if min(self._known, int(context.shape[0]) - 1) > 0 else NONE
 
     def _catch_up(self, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Feed the complete pairs the head lacks; (logits, hidden_out) of the last pair."""
+        """Feed the complete pairs the head lacks; (logits, hidden_out) of the last pair. Every
+        target pass adds at least one pair and commit drops the guessed ones, so there is always
+        one to feed. The logits are a view the next pass overwrites; hidden_out is copied, since
+        the next pass reads it while writing its own."""
         end = min(self._known, int(context.shape[0]) - 1)  # pairs (f_t, x_{t+1}) for t < end
         chunk = self.session.max_chunk
+        logits = hidden = None
         while self.cache.length < end:
             t = self.cache.length
             stop = min(end, t + chunk)
             logits, hidden = self.session.forward_head(
                 context[t + 1 : stop + 1], self._features[t:stop], None, self.cache
             )
-            self._last = (logits[-1].copy(), hidden[-1:].copy())
-        if self._last is None or self.cache.length != end:
+        if logits is None or hidden is None or self.cache.length != end:
             raise InputError(
                 "the feature draft has no target features for the tokens so far",
                 "a feature draft needs the target's features after every pass (specx's loops "
                 "hand them over; a custom loop must call observe_features)",
             )
-        return self._last
+        return logits[-1], hidden[-1:].copy()
 
     def propose(self, context: np.ndarray, k: int, plan: DraftPlan | None = None) -> Proposal:
         self._context_len = int(context.shape[0])
