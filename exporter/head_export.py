@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from specx.runtime.errors import ExportError
 from .check import FP32_RELATIVE_TOLERANCE
 from .feature_head import FeatureHead
 from .load import Log
-from .onnx_export import _dynamic_axes, graph_operators, save_graph, stamp_io_shapes, weight_stats
+from .onnx_export import graph_operators, save_graph, stamp_io_shapes, trace_graph, weight_stats
 
 
 def head_spec(head: FeatureHead, name: str, graph: str, source: str, max_length: int) -> ModelSpec:
@@ -70,7 +69,6 @@ def export_head(
     opset: int,
     log: Log,
 ) -> ModelSpec:
-    import onnx
     import torch
 
     graph = f"{name}.onnx"
@@ -86,36 +84,21 @@ def export_head(
         torch.zeros(1, past, cfg.kv_heads, cfg.head_dim),
         torch.zeros(1, past, cfg.kv_heads, cfg.head_dim),
     )
-    raw = folder / f".{graph}.raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    raw_path = raw / "model.onnx"
     t0 = time.perf_counter()
-    try:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                head,
-                args,
-                str(raw_path),
-                input_names=[t.name for t in spec.inputs],
-                output_names=[t.name for t in spec.outputs],
-                dynamic_axes=_dynamic_axes(spec.inputs, spec.outputs),
-                opset_version=opset,
-                do_constant_folding=True,
-                dynamo=False,
-            )
-    except (RuntimeError, TypeError, ValueError) as e:
-        raise ExportError(
-            f"tracing the {cfg.kind} head {source} failed: {str(e).splitlines()[0][:300]}",
-            "report this with the head's config.json",
-        ) from e
-    model = onnx.load(str(raw_path))
+    model = trace_graph(
+        head,
+        args,
+        folder / f".{graph}.raw",
+        spec.inputs,
+        spec.outputs,
+        opset,
+        None,
+        f"tracing the {cfg.kind} head {source} failed",
+        "report this with the head's config.json",
+    )
     stamp_io_shapes(model, spec.inputs, spec.outputs)
     params, nbytes = weight_stats(model)
     save_graph(model, folder, graph, "draft", source, pair_id, max_length, nbytes)
-    for f in raw.iterdir():
-        f.unlink()
-    raw.rmdir()
     scored = int(head.lm_head.weight.shape[0])
     log(
         f"  draft {name!r}: {cfg.kind} head ({cfg.layout} layout) traced in "

@@ -154,6 +154,48 @@ def weight_stats(model: Any) -> tuple[int, int]:
     return params, nbytes
 
 
+def trace_graph(
+    module: Any,
+    args: tuple[Any, ...],
+    raw: Path,
+    inputs: tuple[contract.TensorSpec, ...],
+    outputs: tuple[contract.TensorSpec, ...],
+    opset: int,
+    custom_opsets: dict[str, int] | None,
+    failure: str,
+    fix: str,
+) -> Any:
+    """Trace `module` on `args` with the contract's names and dynamic axes (TorchScript exporter,
+    in the scratch folder `raw`, removed afterwards); the loaded ONNX model."""
+    import onnx
+    import torch
+
+    raw.mkdir(parents=True, exist_ok=True)
+    raw_path = raw / "model.onnx"
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module,
+                args,
+                str(raw_path),
+                input_names=[t.name for t in inputs],
+                output_names=[t.name for t in outputs],
+                dynamic_axes=_dynamic_axes(inputs, outputs),
+                opset_version=opset,
+                custom_opsets=custom_opsets,
+                do_constant_folding=True,
+                dynamo=False,
+            )
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ExportError(f"{failure}: {str(e).splitlines()[0][:300]}", fix) from e
+    model = onnx.load(str(raw_path))  # external data too: the scratch folder can go
+    for f in raw.iterdir():
+        f.unlink()
+    raw.rmdir()
+    return model
+
+
 def save_graph(
     model: Any,
     folder: Path,
@@ -206,7 +248,6 @@ def export_graph(
     """
     import copy
 
-    import onnx
     import torch
 
     dims = model_dims(src)
@@ -253,45 +294,29 @@ def export_graph(
     else:
         cache_shape = (1, 2, kv, hd)
     args += [torch.zeros(*cache_shape, dtype=torch_dtype) for _ in range(2 * layers)]
-    raw = folder / f".{graph_name}.raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    raw_path = raw / "model.onnx"
     log(
         f"  {role}: tracing {src.model_type} ({layers} layers, {attention} attention, "
         f"{precision}) to ONNX opset {LATER_OPSET if attention == 'batched' else opset}"
     )
     t0 = time.perf_counter()
-    try:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                module,
-                tuple(args),
-                str(raw_path),
-                input_names=[t.name for t in inputs],
-                output_names=[t.name for t in outputs],
-                dynamic_axes=_dynamic_axes(inputs, outputs),
-                opset_version=opset,
-                custom_opsets=CUSTOM_OPSETS.get(attention),
-                do_constant_folding=True,
-                dynamo=False,
-            )
-    except (RuntimeError, TypeError, ValueError) as e:
-        raise ExportError(
-            f"tracing {src.source} failed: {str(e).splitlines()[0][:300]}",
-            "report this with the model's config.json",
-        ) from e
+    model = trace_graph(
+        module,
+        tuple(args),
+        folder / f".{graph_name}.raw",
+        inputs,
+        outputs,
+        opset,
+        CUSTOM_OPSETS.get(attention),
+        f"tracing {src.source} failed",
+        "report this with the model's config.json",
+    )
     trace_s = time.perf_counter() - t0
-    model = onnx.load(str(raw_path))
     if attention == "batched":
         raise_opset(model)
     tied = tie_lm_head(model)
     stamp_io_shapes(model, inputs, outputs)
     params, nbytes = weight_stats(model)
     save_graph(model, folder, graph_name, role, src.source, pair_id, max_length, nbytes)
-    for f in raw.iterdir():
-        f.unlink()
-    raw.rmdir()
     log(
         f"  {role}: traced in {trace_s:.1f} s, {params / 1e6:.1f}M parameters, "
         f"{nbytes / 1e6:.0f} MB{' (tied head kept once)' if tied else ''}"
