@@ -46,6 +46,7 @@ from .distill_data import (
 )
 from .feature_head import FeatureHead, HeadConfig
 from .load import Log, eos_token_ids, load_source, model_vocab_size
+from .wrap import apply_rotary
 
 DATA_FILE = "data.npz"
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -142,15 +143,6 @@ def draft_vocabulary(sequences: list[Sequence], size: int, vocab: int) -> np.nda
 # -- the unrolled head ---------------------------------------------------------------------------
 
 
-def _rope(head: FeatureHead, x: Any, positions: Any) -> tuple[Any, Any]:
-    return head.rotary(x, positions)  # [batch, seq, head_dim] each
-
-
-def _rotate(x: Any, cos: Any, sin: Any) -> Any:
-    half = x.shape[-1] // 2
-    return x * cos + __import__("torch").cat((-x[..., half:], x[..., :half]), -1) * sin
-
-
 def unrolled_logits(
     head: FeatureHead, ids: Any, features: Any, valid: Any, steps: int
 ) -> list[Any]:
@@ -184,12 +176,12 @@ def unrolled_logits(
         residual = normed if cfg.norm_before_residual else fused
         x = torch.cat([head.input_norm(token_emb), normed], dim=-1)
         positions = base + (j - 1)
-        cos, sin = _rope(head, x, positions)
+        cos, sin = head.rotary(x, positions)  # [B, T, dim]
         q = head.q_proj(x).view(batch, length, heads, dim).transpose(1, 2)
         k = head.k_proj(x).view(batch, length, kv, dim).transpose(1, 2)
         v = head.v_proj(x).view(batch, length, kv, dim).transpose(1, 2)
-        q = _rotate(q, cos[:, None], sin[:, None])  # [B, H, T, dim]
-        k = _rotate(k, cos[:, None], sin[:, None])  # [B, kv, T, dim]
+        q = apply_rotary(q, cos[:, None], sin[:, None])  # [B, H, T, dim]
+        k = apply_rotary(k, cos[:, None], sin[:, None])  # [B, kv, T, dim]
         qg = q.view(batch, kv, groups, length, dim)
         if j == 1:
             keys1, values1 = k, v
