@@ -4,7 +4,9 @@ Each active sequence owns a row of a ``BatchKVCache`` and keeps its own length, 
 policy, sampling settings, keyed random numbers and statistics. A step is the speculative step of
 generate.py done for all rows at once:
 
-    propose   every sequence asks its drafter for up to its own K tokens
+    propose   every sequence asks its drafter for up to its own K tokens; the rows whose drafts
+              run the same draft model share its passes (one pass per drafted position for
+              all of them: drafters/shared_passes.py)
     verify    one pass of the batched graph: row b is ``[last_committed_b, d_1 .. d_kb]`` at
               positions n_b .. n_b + k_b, padded to the longest row (padded positions land past
               the row's length, where nothing reads them)
@@ -28,6 +30,7 @@ import numpy as np
 
 from specx.runtime.adaptive import AdaptiveK
 from specx.runtime.backends.ort_session import OrtSession
+from specx.runtime.batch_widths import WidthPlanner
 from specx.runtime.drafters.base import (
     MODEL,
     NO_PROPOSAL,
@@ -36,7 +39,9 @@ from specx.runtime.drafters.base import (
     DraftRequest,
     FeatureReader,
     Proposal,
+    SharedPassDrafter,
 )
+from specx.runtime.drafters.shared_passes import DraftRows, RowSteps, can_share_passes
 from specx.runtime.errors import InputError
 from specx.runtime.generate import KPolicy, StepDecision, StepResult, Verifier, make_verifier
 from specx.runtime.sampling import PositionNoise
@@ -73,6 +78,8 @@ class BatchSequence:
     k: int = 0
     k_limit: int = 0  # the most this step may draft (room in the row, tokens still wanted)
     source: str = NONE
+    shares_draft: bool = False  # this step's proposal runs in the shared draft passes
+    draft_rows: DraftRows | None = None  # where the drafter's cache lives while in the batch
     draft_s: float = 0.0
     decode_start: float = 0.0  # when it joined the decoding rows
     prefilled: int = -1  # prompt tokens in the cache while it joins; -1 once it decodes
@@ -80,84 +87,6 @@ class BatchSequence:
     @property
     def committed(self) -> np.ndarray:
         return self.context[: self.n_context]
-
-
-class WidthPlanner:
-    """K for the -k auto rows of a batch, chosen for the batch as a whole.
-
-    Alone, a policy weighs its expected tokens against its drafting plus a pass that is nearly
-    free to widen. In a batch the pass is as wide as its longest row, its cost grows with the
-    rows times the width, and every row's drafting holds up all rows. So before drafting, the
-    rows whose K is chosen by -k auto all draft up to a common cap w - 1, the w (1 .. the most
-    any may draft) with the most expected tokens per second over the batch: the sum of their
-    expected tokens at that K (each policy's own acceptance estimates) over the sum of their
-    drafting (each policy's measured costs) plus the pass at that width. Rows with a fixed K keep
-    it (the pass is then at least that wide). Pass costs per (rows, width) are measured as the
-    decoder runs; a cell not yet measured is scaled from the nearest measured one by a prior
-    charging each extra token 4% of a one-token pass (docs/bench/batching.md); a draft model not
-    yet measured is guessed at half a one-token pass per token. Until a pass was measured the
-    policies' own K stand.
-    """
-
-    PER_TOKEN = 0.04
-    # a draft model's pass, as a share of a one-row one-token target pass, until measured
-    # (the int8/int4 drafts of SmolLM2 measured 0.36-0.58: docs/bench/measurements.md)
-    DRAFT_PRIOR = 0.5
-
-    def __init__(self, decay: float = 0.9) -> None:
-        self.decay = decay
-        self.cost_s: dict[tuple[int, int], float] = {}
-
-    def observe(self, rows: int, width: int, seconds: float) -> None:
-        old = self.cost_s.get((rows, width))
-        self.cost_s[(rows, width)] = (
-            seconds if old is None else self.decay * old + (1 - self.decay) * seconds
-        )
-
-    def pass_s(self, rows: int, width: int) -> float | None:
-        if (rows, width) in self.cost_s:
-            return self.cost_s[(rows, width)]
-        if not self.cost_s:
-            return None
-
-        def prior(r: int, w: int) -> float:
-            return 1.0 + self.PER_TOKEN * (r * w - 1)
-
-        (r, w), t = min(
-            self.cost_s.items(), key=lambda c: (abs(c[0][0] - rows), abs(c[0][1] - width))
-        )
-        return t * prior(rows, width) / prior(r, w)
-
-    def plan(self, active: list[BatchSequence], rows: int) -> None:
-        adaptive = [s for s in active if isinstance(s.policy, AdaptiveK)]
-        one_token_s = self.pass_s(1, 1)
-        if not adaptive or one_token_s is None:
-            return
-        fixed_width = 1 + max((s.k for s in active if s not in adaptive), default=0)
-        widest = 1 + max(s.k_limit for s in adaptive)
-        tokens_at = np.zeros(widest)  # [width] expected tokens of the adaptive rows
-        draft_at = np.zeros(widest)  # [width] their drafting, seconds
-        for s in adaptive:
-            policy = s.policy
-            assert isinstance(policy, AdaptiveK)
-            limit = s.k_limit if s.source != NONE else 0
-            expected = policy.expected_tokens(s.source) if limit else [1.0]
-            measured = [policy.draft_cost_s(k, s.source) for k in range(limit + 1)]
-            guess = self.DRAFT_PRIOR * one_token_s if s.source == MODEL else 0.0
-            costs = [k * guess if c is None else c for k, c in enumerate(measured)]
-            for w in range(1, widest + 1):
-                k = min(limit, w - 1)
-                tokens_at[w - 1] += expected[k]
-                draft_at[w - 1] += costs[k]
-        best_w, best_rate = 1, -1.0
-        for w in range(1, widest + 1):
-            pass_s = self.pass_s(rows, max(w, fixed_width))
-            assert pass_s is not None
-            rate = tokens_at[w - 1] / (draft_at[w - 1] + pass_s)
-            if rate > best_rate:
-                best_w, best_rate = w, rate
-        for s in adaptive:
-            s.k = min(s.k_limit, best_w - 1) if s.source != NONE else 0
 
 
 class BatchDecoder:
@@ -187,6 +116,7 @@ class BatchDecoder:
         self.passes = 0  # passes after prefill
         self.single_passes = 0  # of them, passes of the gqa graph
         self.rows_per_pass: list[int] = []  # sequences in each of them
+        self._draft_rows: dict[str, DraftRows] = {}  # per draft graph: the rows' draft caches
 
     @property
     def active(self) -> list[BatchSequence]:
@@ -207,17 +137,19 @@ class BatchDecoder:
         part = s.context[s.prefilled : end]
         runner = self.single or self.session
         runner.forward_rows(part[None], np.array([part.shape[0]]), self.cache, s.row)
-        if isinstance(s.drafter, FeatureReader):
-            features = runner.last_features  # [1, chunk, F]
-            if features is None:
-                raise InputError(
-                    f"{runner.path.name} returns no features for the {s.drafter.name} draft",
-                    "re-export the artifact with this version of specx",
-                )
+        features = runner.last_features  # [1, chunk, F] where the graph returns features
+        if isinstance(s.drafter, FeatureReader) and features is not None:
+            # (a hybrid is a FeatureReader whether or not its model reads them: a feature draft
+            # left without them says so when it drafts)
             s.drafter.observe_features(s.prefilled, features[0, : part.shape[0]])
         s.prefilled = end if end < s.n_context - 1 else -1
         s.stats.prefill_s += perf_counter() - t0
         s.decode_start = perf_counter()
+
+    @property
+    def draft_rows(self) -> list[DraftRows]:
+        """The shared draft caches (one per draft graph the rows have used)."""
+        return list(self._draft_rows.values())
 
     @property
     def free_rows(self) -> int:
@@ -261,6 +193,7 @@ class BatchDecoder:
         stats.prompt_tokens = n
         self.cache.lengths[row] = 0
         if drafter is not None:
+            seq.draft_rows = self._bind_draft(drafter, row)
             request = DraftRequest(settings.sampling, noise, settings.draft_p_min, prefill=False)
             drafter.start(prompt, request)
         seq.prefilled = 0 if n > 1 else -1  # -1: nothing (left) to prefill
@@ -291,8 +224,7 @@ class BatchDecoder:
         for s in active:
             self._decide(s, room=self.capacity - longest - 1)
         self.widths.plan(active, last - first + 1)
-        for s in active:
-            self._draft(s)
+        self._draft_all(active)
         width = 1 + max(s.proposal.tokens.shape[0] for s in active)
         tokens = np.zeros((last - first + 1, width), dtype=np.int64)  # [rows, width], 0: padding
         counts = np.zeros(last - first + 1, dtype=np.int64)
@@ -329,10 +261,59 @@ class BatchDecoder:
     def _decide(self, s: BatchSequence, room: int) -> None:
         remaining = s.settings.max_new_tokens - s.stats.new_tokens
         s.source = s.drafter.source(s.committed) if s.drafter is not None else NONE
+        s.shares_draft = (
+            s.draft_rows is not None
+            and isinstance(s.drafter, SharedPassDrafter)
+            and s.drafter.draft_session(s.source) is not None
+        )
         s.decision = s.policy.decide(s.source)
         most = s.policy.max_k if isinstance(s.policy, AdaptiveK) else s.decision.k
         s.k_limit = max(0, min(room, remaining - 1, most))
         s.k = max(0, min(s.decision.k, s.k_limit))
+
+    def _bind_draft(self, drafter: Drafter, row: int) -> DraftRows | None:
+        """Put a model drafter's cache in `row` of its draft graph's shared rows, so that its
+        passes can be shared (None: it drafts alone)."""
+        if not isinstance(drafter, SharedPassDrafter):
+            return None
+        session = drafter.draft_session(MODEL)
+        if session is None or not can_share_passes(session):
+            return None
+        assert isinstance(session, OrtSession)
+        key = str(session.path)
+        if key not in self._draft_rows:
+            self._draft_rows[key] = DraftRows(session.fork(), len(self._rows), self.capacity)
+        rows = self._draft_rows[key]
+        rows.truncate(row, 0)
+        drafter.bind_row(rows, row)
+        return rows
+
+    def _draft_all(self, active: list[BatchSequence]) -> None:
+        """Every row's proposal: the rows sharing a draft graph's passes together (their
+        drafting time is the shared run's), the others one by one."""
+        groups: dict[int, list[BatchSequence]] = {}
+        for s in active:
+            if s.shares_draft and s.k > 0:
+                assert s.draft_rows is not None
+                groups.setdefault(id(s.draft_rows), []).append(s)
+            else:
+                self._draft(s)
+        for group in groups.values():
+            rows = group[0].draft_rows
+            assert rows is not None
+            t0 = perf_counter()
+            jobs: list[RowSteps] = []
+            for s in group:
+                assert isinstance(s.drafter, SharedPassDrafter)
+                steps = s.drafter.proposal_steps(s.committed, s.k, s.decision.plan)
+                jobs.append(RowSteps(s.row, steps))
+            proposals = rows.propose(jobs)
+            seconds = perf_counter() - t0
+            if not rows.caught_up:  # a row's first proposal read its prompt: not a usual cost
+                self.widths.observe_draft(len(group), max(s.k for s in group), seconds)
+            for s in group:
+                s.proposal = proposals[s.row]
+                s.draft_s = seconds
 
     def _draft(self, s: BatchSequence) -> None:
         t0 = perf_counter()
@@ -398,6 +379,10 @@ class BatchDecoder:
         s.done = True
         s.stats.stop_reason = s.stats.stop_reason or reason
         self.cache.lengths[s.row] = 0
+        if s.draft_rows is not None and isinstance(s.drafter, SharedPassDrafter):
+            s.draft_rows.truncate(s.row, 0)
+            s.drafter.bind_row(None)  # the drafter may serve a generation alone next
+            s.draft_rows = None
         self._rows[s.row] = None
 
 

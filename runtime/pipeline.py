@@ -20,7 +20,8 @@ from specx.runtime.adaptive import AdaptiveK
 from specx.runtime.backends import GraphSession, choose_providers, open_graph
 from specx.runtime.backends.ort_session import OrtSession
 from specx.runtime.backends.providers import check_threads
-from specx.runtime.batching import BatchDecoder, WidthPlanner, single_graph
+from specx.runtime.batch_widths import WidthPlanner
+from specx.runtime.batching import BatchDecoder, single_graph
 from specx.runtime.contract import TOKENIZER_FILE, Manifest, ModelSpec
 from specx.runtime.drafters import registry
 from specx.runtime.drafters.base import Drafter

@@ -11,7 +11,10 @@ One narrow interface (like transformers' ``CandidateGenerator``, vLLM's proposer
                                    token whether to take it and whether to draft another
     commit(num_accepted)           how many of the last proposal the target accepted
 
-A feature draft also implements ``FeatureReader``: the loops then hand it the target's features
+A drafter that runs a draft model may also implement ``SharedPassDrafter``: a batch then keeps
+its draft cache as a row of one shared cache and runs the proposals of all such rows in lockstep,
+one pass per drafted position for every row (drafters/shared_passes.py). A feature draft also
+implements ``FeatureReader``: the loops then hand it the target's features
 (``observe_features(position, f)``: the rows of the committed positions position ..
 + len(f) - 1, from the pass that put them in the target's cache). Other drafters need nothing
 of it.
@@ -24,13 +27,17 @@ registry.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
+from specx.runtime.backends.base import GraphSession
 from specx.runtime.sampling import PositionNoise, SamplingParams
+
+if TYPE_CHECKING:
+    from specx.runtime.drafters.shared_passes import DraftRows
 
 # Where a proposal comes from; -k auto keeps its estimates per source.
 MODEL = "model"  # a draft model: a pass per drafted token
@@ -53,6 +60,10 @@ class Proposal:
 
 
 NO_PROPOSAL = Proposal(EMPTY)
+
+# A proposal as steps: yields the tokens of each draft pass, is sent that pass's last logits row
+# ([vocab]), returns the proposal.
+ProposalSteps = Generator[np.ndarray, np.ndarray, Proposal]
 
 
 @dataclass(frozen=True)
@@ -84,3 +95,22 @@ class FeatureReader(Protocol):
     """A drafter that reads the target's hidden states (a feature draft)."""
 
     def observe_features(self, position: int, features: np.ndarray) -> None: ...
+
+
+@runtime_checkable
+class SharedPassDrafter(Protocol):
+    """A drafter whose draft-model passes a batch may share with other rows' (shared_passes.py)."""
+
+    def draft_session(self, source: str) -> GraphSession | None:
+        """The draft model a proposal from `source` runs; None: no model pass to share."""
+        ...
+
+    def bind_row(self, rows: DraftRows | None, row: int = 0) -> None:
+        """Keep the draft cache in row `row` of `rows` (None: the drafter's own cache again)."""
+        ...
+
+    def proposal_steps(
+        self, context: np.ndarray, k: int, plan: DraftPlan | None = None
+    ) -> ProposalSteps:
+        """What `propose` does, as steps whose passes the caller runs."""
+        ...

@@ -4,8 +4,11 @@ the rest. The model's cache only catches up when it is used."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+from specx.runtime.backends.base import GraphSession
 from specx.runtime.drafters.base import (
     LOOKUP,
     MODEL,
@@ -14,8 +17,13 @@ from specx.runtime.drafters.base import (
     DraftRequest,
     FeatureReader,
     Proposal,
+    ProposalSteps,
+    SharedPassDrafter,
 )
 from specx.runtime.drafters.ngram import NgramDrafter
+
+if TYPE_CHECKING:
+    from specx.runtime.drafters.shared_passes import DraftRows
 
 PREFIX = "ngram+"  # a hybrid's name: ngram+NAME, NAME a model draft of the artifact
 
@@ -42,6 +50,25 @@ class HybridDrafter:
             self.lookup.forget()
             return self.model.propose(context, k, plan)
         return self.lookup.propose(context, k)
+
+    # a batch shares the model's passes (the lookups cost nothing to share)
+    def draft_session(self, source: str) -> GraphSession | None:
+        if source == MODEL and isinstance(self.model, SharedPassDrafter):
+            return self.model.draft_session(MODEL)
+        return None
+
+    def bind_row(self, rows: DraftRows | None, row: int = 0) -> None:
+        if isinstance(self.model, SharedPassDrafter):
+            self.model.bind_row(rows, row)
+
+    def proposal_steps(
+        self, context: np.ndarray, k: int, plan: DraftPlan | None = None
+    ) -> ProposalSteps:
+        """The model's proposal as steps (asked only when `source` says MODEL)."""
+        assert isinstance(self.model, SharedPassDrafter)
+        self._used_model = True
+        self.lookup.forget()
+        return self.model.proposal_steps(context, k, plan)
 
     def commit(self, num_accepted: int) -> None:
         if self._used_model:

@@ -2,14 +2,22 @@
 own preallocated cache.
 
 Invariant between calls: the cache holds a prefix of the committed tokens. ``propose`` first feeds
-the committed tokens the cache lacks (one or two after a verify: the catch-up), then drafts
-token by token, each from the logits of the one before; ``commit`` truncates the cache to what
-the target kept. The draft picks each token the way the target would check it: the argmax when
-greedy; with sampling, the exponential race under the position's draws (invariant verification)
-or its own keyed draw, returning its distributions (rejection verification).
+the committed tokens the cache lacks (one after a verify: the catch-up), then drafts token by
+token, each from the logits of the one before; ``commit`` truncates the cache to what the target
+kept. The draft picks each token the way the target would check it: the argmax when greedy; with
+sampling, the exponential race under the position's draws (invariant verification) or its own
+keyed draw, returning its distributions (rejection verification).
+
+The proposal is written once, as ``proposal_steps``: a generator that yields the tokens to feed
+and is sent the last logits row of each pass. Alone, ``propose`` runs its passes on the drafter's
+own cache. In a batch, the decoder binds the drafter to a row of a shared draft cache
+(``DraftRows``, shared_passes.py) and runs the steps of every row in lockstep, one pass per
+drafted position for all rows.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,6 +28,7 @@ from specx.runtime.drafters.base import (
     DraftPlan,
     DraftRequest,
     Proposal,
+    ProposalSteps,
 )
 from specx.runtime.sampling import (
     DRAFT,
@@ -30,6 +39,9 @@ from specx.runtime.sampling import (
     top_probability,
     warp,
 )
+
+if TYPE_CHECKING:
+    from specx.runtime.drafters.shared_passes import DraftRows
 
 
 def pick_token(
@@ -113,7 +125,37 @@ class ModelDrafter:
         self._request = DraftRequest(SamplingParams(), PositionNoise(0, target_vocab))
         self._context_len = 0
         self._fed_from_proposal = 0
+        self._rows: DraftRows | None = None  # a shared draft cache while in a batch
+        self._row = 0
 
+    # -- where the draft's cache lives: its own, or a row of a batch's shared one -----------
+    def draft_session(self, source: str) -> GraphSession | None:
+        """The draft model a proposal from `source` runs (for a batch to share its passes)."""
+        return self.session if source == MODEL else None
+
+    def bind_row(self, rows: DraftRows | None, row: int = 0) -> None:
+        """Use row `row` of a batch's shared draft cache (None: the drafter's own cache)."""
+        self._rows, self._row = rows, row
+
+    @property
+    def _length(self) -> int:
+        return self._rows.length(self._row) if self._rows is not None else self.cache.length
+
+    def _truncate(self, length: int) -> None:
+        if self._rows is not None:
+            self._rows.truncate(self._row, length)
+        else:
+            self.cache.truncate(length)
+
+    def _feed(self, tokens: np.ndarray) -> np.ndarray:
+        """One proposal step alone: a pass (or chunks) over `tokens`; their last logits row."""
+        if self._rows is not None:
+            return self._rows.feed(self._row, tokens)
+        logits = self.session.prefill(tokens, self.cache)  # a view: used at once
+        assert logits is not None
+        return logits
+
+    # -- the drafter interface ---------------------------------------------------------------
     def _input(self, tokens: np.ndarray) -> np.ndarray:
         # A target padding-row id (possible only with untrained targets) is not a valid draft
         # input; feed token 0 instead. The draft then guesses worse, the output stays exact.
@@ -123,9 +165,9 @@ class ModelDrafter:
 
     def start(self, prompt: np.ndarray, request: DraftRequest) -> None:
         self._request = request
-        self.cache.reset()
+        self._truncate(0)
         if request.prefill and prompt.shape[0] > 1:
-            self.session.prefill(self._input(prompt[:-1]), self.cache)
+            self._feed(self._input(prompt[:-1]))
 
     def _next(
         self, logits: np.ndarray, position: int, want_top: bool
@@ -138,23 +180,37 @@ class ModelDrafter:
         return MODEL
 
     def propose(self, context: np.ndarray, k: int, plan: DraftPlan | None = None) -> Proposal:
+        steps = self.proposal_steps(context, k, plan)
+        try:
+            tokens = next(steps)
+            while True:
+                tokens = steps.send(self._feed(tokens))
+        except StopIteration as done:
+            return done.value
+
+    def proposal_steps(
+        self, context: np.ndarray, k: int, plan: DraftPlan | None = None
+    ) -> ProposalSteps:
+        """The proposal as steps: yields the tokens of each pass (first the committed tokens
+        the cache lacks, then each drafted token but the last), is sent that pass's last logits
+        row, and returns the proposal."""
         self._context_len = int(context.shape[0])
         self._fed_from_proposal = 0
         if k <= 0:
             return Proposal(EMPTY)
-        passes_before = self.session.passes
-        pending = context[self.cache.length :]  # committed tokens the draft has not seen
-        logits = self.session.prefill(self._input(pending), self.cache)  # a view: used at once
-        assert logits is not None
+        pending = context[self._length :]  # committed tokens the draft has not seen (>= 1)
+        logits = yield self._input(pending)
+        passes = 1
         chain = DraftChain(k, plan, self._request, self.eos)
         for i in range(k):
             token, probs, top = self._next(logits, self._context_len + i, chain.want_top)
             if not chain.offer(i, token, probs, top):
                 break
-            logits = self.session.forward(self._input(np.array([token])), self.cache)[0]
+            logits = yield self._input(np.array([token], dtype=np.int64))
+            passes += 1
             self._fed_from_proposal += 1
-        return chain.proposal(int(pending.shape[0]), self.session.passes - passes_before)
+        return chain.proposal(int(pending.shape[0]), passes)
 
     def commit(self, num_accepted: int) -> None:
         kept = self._context_len + min(num_accepted, self._fed_from_proposal)
-        self.cache.truncate(min(kept, self.cache.length))
+        self._truncate(min(kept, self._length))

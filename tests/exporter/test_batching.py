@@ -89,7 +89,8 @@ def test_a_batched_export_records_its_graph_and_checks_two_rows_at_different_len
 
 
 @pytest.mark.parametrize(
-    ("drafter", "k"), [("none", 0), ("ngram", 3), ("mixed", 3), ("mixed", "auto")]
+    ("drafter", "k"),
+    [("none", 0), ("ngram", 3), ("mixed", 3), ("mixed", "auto"), ("ngram+mixed", "auto")],
 )
 def test_every_sequence_of_a_batch_decodes_as_transformers_greedy(
     llama: Any, drafter: str, k: Any
@@ -441,3 +442,99 @@ def test_a_long_prompt_joins_in_chunks_while_the_others_decode(llama: Any) -> No
     assert short.tokens == pipe.generate(PROMPTS[1], max_new_tokens=20, k=0).token_ids
     assert long.tokens == pipe.generate(long_prompt, max_new_tokens=8, k=0).token_ids
     assert long.stats.prefill_s > 0 and long.stats.stop_reason == "max_new_tokens"
+
+
+def test_rows_drafting_together_propose_what_each_would_alone_in_fewer_passes(
+    llama: Any,
+) -> None:
+    """Shared draft passes (drafters/shared_passes.py): three rows at different lengths, one
+    reading its prompt (a long catch-up, alone), one with two committed tokens to feed (one in a
+    shared catch-up pass), one with three (two alone), propose exactly the tokens their drafters
+    propose alone, with one pass per round for all rows instead of one per row."""
+    from specx.runtime.drafters.base import DraftRequest
+    from specx.runtime.drafters.model import ModelDrafter
+    from specx.runtime.drafters.shared_passes import DraftRows, RowSteps
+    from specx.runtime.sampling import PositionNoise, SamplingParams
+
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    contexts = [_ids(pipe, p) for p in PROMPTS[:3]]
+    vocab = pipe.manifest.target.vocab_size
+    request = DraftRequest(SamplingParams(), PositionNoise(0, vocab), prefill=False)
+
+    def drafter() -> ModelDrafter:
+        made = pipe.new_drafter("mixed")
+        assert isinstance(made, ModelDrafter)
+        made.start(contexts[0], request)
+        return made
+
+    alone = [drafter() for _ in contexts]
+    shared = [drafter() for _ in contexts]
+    rows = DraftRows(shared[0].session.fork(), 3, 96)
+    for row, d in enumerate(shared):
+        d.bind_row(rows, row)
+        d.start(contexts[row], request)
+    for row, (a, s, context) in enumerate(zip(alone, shared, contexts, strict=True)):
+        a.start(context, request)
+        if row > 0:  # rows 1 and 2 have read all but 1 + row tokens of their context
+            for d in (a, s):
+                d.propose(context[: -1 - row], 3)
+                d.commit(0)
+    want = [a.propose(c, 3).tokens.tolist() for a, c in zip(alone, contexts, strict=True)]
+    alone_passes = sum(a.session.passes for a in alone)
+    before = rows.passes
+    got = rows.propose(
+        [
+            RowSteps(row, d.proposal_steps(c, 3))
+            for row, (d, c) in enumerate(zip(shared, contexts, strict=True))
+        ]
+    )
+    assert [got[row].tokens.tolist() for row in range(3)] == want
+    assert all(len(w) == 3 for w in want)
+    # rounds: a catch-up pass for row 1, then three drafting passes for all rows
+    assert rows.passes - before == 4
+    assert rows.caught_up == contexts[0].shape[0] - 1 + 2  # alone: row 0's prompt, row 2's two
+    assert [rows.length(r) for r in range(3)] == [c.shape[0] + 2 for c in contexts]
+    for d, a in zip(shared, alone, strict=True):
+        d.commit(1)
+        a.commit(1)
+    assert [rows.length(r) for r in range(3)] == [c.shape[0] + 1 for c in contexts]
+    assert alone_passes > 0
+
+
+def test_a_batch_shares_its_draft_models_passes_and_unbinds_its_drafters(llama: Any) -> None:
+    """Rows drafting with the same draft model share its passes; each decodes as alone, and
+    once done its drafter works alone again (its own cache)."""
+    from specx.runtime.batching import BatchDecoder
+    from specx.runtime.generate import FixedK
+    from specx.runtime.stats import Stats
+
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    decoder = BatchDecoder(
+        pipe.batched_session().fork(), 3, 96, pipe.manifest.special_tokens.eos_token_ids
+    )
+    drafters = [pipe.new_drafter("mixed") for _ in range(3)]
+    seqs = [
+        decoder.add(_ids(pipe, PROMPTS[i]), pipe_settings(max_new_tokens=20), FixedK(3), d, Stats())
+        for i, d in enumerate(drafters)
+    ]
+    decoder.run()
+    (rows,) = decoder.draft_rows
+    row_passes = sum(s.stats.draft_passes for s in seqs)
+    assert 0 < rows.passes < row_passes  # shared: fewer passes than the rows took part in
+    for i, s in enumerate(seqs):
+        alone = pipe.generate(PROMPTS[i], max_new_tokens=20, k=3, drafter="mixed")
+        assert s.tokens == alone.token_ids
+        assert s.draft_rows is None
+    # back on its own cache: the drafter proposes alone as a fresh one does
+    from specx.runtime.drafters.base import DraftRequest
+    from specx.runtime.sampling import PositionNoise, SamplingParams
+
+    request = DraftRequest(SamplingParams(), PositionNoise(0, pipe.manifest.target.vocab_size))
+    fresh = pipe.new_drafter("mixed")
+    ids = _ids(pipe, PROMPTS[3])
+    for d in (drafters[0], fresh):
+        d.start(ids, request)
+    assert drafters[0].propose(ids, 3).tokens.tolist() == fresh.propose(ids, 3).tokens.tolist()
+    assert rows.cache.lengths.tolist() == [0, 0, 0]
