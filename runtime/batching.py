@@ -44,6 +44,7 @@ from specx.runtime.drafters.base import (
 from specx.runtime.drafters.shared_passes import DraftRows, RowSteps, can_share_passes
 from specx.runtime.errors import InputError
 from specx.runtime.generate import KPolicy, StepDecision, StepResult, Verifier, make_verifier
+from specx.runtime.kv_cache import common_prefix
 from specx.runtime.sampling import PositionNoise
 from specx.runtime.settings import GenerationSettings
 from specx.runtime.stats import Stats
@@ -93,6 +94,7 @@ class BatchDecoder:
     """Up to `rows` sequences decoding together through one batched graph."""
 
     PREFILL_CHUNK = 64  # prompt tokens a joining row feeds per step
+    SHARED_PREFIX_MIN = 8  # prompt tokens worth copying from another row instead of computing
 
     def __init__(
         self,
@@ -131,20 +133,46 @@ class BatchDecoder:
     def _prefill_chunk(self, s: BatchSequence) -> None:
         """Feed the next PREFILL_CHUNK prompt tokens of a joining row (all but the last one,
         which its first step feeds): one chunk per step, so that a long prompt never stalls the
-        rows that decode for longer than a chunk."""
+        rows that decode for longer than a chunk. A prompt prefix another row holds (a shared
+        system prompt) is copied from that row first instead of computed again."""
         t0 = perf_counter()
+        if s.prefilled == 0:
+            s.prefilled = s.stats.reused_prompt_tokens = self._reuse_prefix(s)
         end = min(s.prefilled + self.PREFILL_CHUNK, s.n_context - 1)
-        part = s.context[s.prefilled : end]
-        runner = self.single or self.session
-        runner.forward_rows(part[None], np.array([part.shape[0]]), self.cache, s.row)
-        features = runner.last_features  # [1, chunk, F] where the graph returns features
-        if isinstance(s.drafter, FeatureReader) and features is not None:
-            # (a hybrid is a FeatureReader whether or not its model reads them: a feature draft
-            # left without them says so when it drafts)
-            s.drafter.observe_features(s.prefilled, features[0, : part.shape[0]])
+        if end > s.prefilled:
+            part = s.context[s.prefilled : end]
+            runner = self.single or self.session
+            runner.forward_rows(part[None], np.array([part.shape[0]]), self.cache, s.row)
+            features = runner.last_features  # [1, chunk, F] where the graph returns features
+            if isinstance(s.drafter, FeatureReader) and features is not None:
+                # (a hybrid is a FeatureReader whether or not its model reads them: a feature
+                # draft left without them says so when it drafts)
+                s.drafter.observe_features(s.prefilled, features[0, : part.shape[0]])
         s.prefilled = end if end < s.n_context - 1 else -1
         s.stats.prefill_s += perf_counter() - t0
         s.decode_start = perf_counter()
+
+    def _reuse_prefix(self, s: BatchSequence) -> int:
+        """Copy into s's row the longest prefix of its prompt that another row holds (at least
+        SHARED_PREFIX_MIN tokens); returns its length (0: none). Not where the target returns
+        features: a feature draft needs them for every prompt position."""
+        features = self.session.spec.feature_size or (
+            self.single is not None and self.single.spec.feature_size
+        )
+        if features:
+            return 0
+        prompt = s.context[: s.n_context - 1]  # what the prefill feeds
+        best, donor = 0, -1
+        for other in self._rows:
+            if other is None or other is s:
+                continue
+            held = int(self.cache.lengths[other.row])  # its cache holds context[:held]
+            shared = common_prefix(other.context[:held], prompt)
+            if shared > best:
+                best, donor = shared, other.row
+        if best < self.SHARED_PREFIX_MIN or not self.cache.copy_prefix(donor, s.row, best):
+            return 0
+        return best
 
     @property
     def draft_rows(self) -> list[DraftRows]:

@@ -19,7 +19,7 @@ import numpy as np
 
 from specx.runtime.contract import FULL_BUFFER
 from specx.runtime.errors import InputError
-from specx.runtime.memory import HOST, DeviceMemory
+from specx.runtime.memory import HOST, DeviceMemory, HostBuffer
 
 NP_DTYPES: dict[str, Any] = {"float32": np.float32, "float16": np.float16}
 
@@ -183,3 +183,25 @@ class BatchKVCache:
 
     def buffer_addresses(self) -> tuple[int, ...]:
         return tuple(self._ptrs)
+
+    def copy_prefix(self, source: int, row: int, length: int) -> bool:
+        """Copy positions 0..length-1 of row `source` into row `row` (a prompt prefix the rows
+        share: computing it again would give the same keys and values) and set the row's length.
+        Host memory only (False elsewhere: the caller computes the prefix instead)."""
+        if not all(isinstance(b, HostBuffer) for b in self._buffers):
+            return False
+        if not 0 < length <= min(int(self.lengths[source]), self.capacity) or source == row:
+            raise InputError(f"cannot copy {length} positions of row {source} into row {row}")
+        for buffer in self._buffers:
+            assert isinstance(buffer, HostBuffer)
+            data = buffer.array  # [rows, kv_heads, capacity, head_dim]
+            data[row, :, :length] = data[source, :, :length]
+        self.lengths[row] = length
+        return True
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading tokens two id arrays share."""
+    n = min(a.shape[0], b.shape[0])
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if differ.size else n

@@ -9,6 +9,7 @@ from typing import Any
 @dataclass
 class Stats:
     prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0  # of them, copied from another batch row (a shared prefix)
     new_tokens: int = 0
     k: int = 0  # the K asked for (0: target alone; max K if adaptive); may shrink near limits
     drafter: str = "none"

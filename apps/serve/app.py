@@ -163,7 +163,7 @@ class Server:
                 )
             stats = done.result.stats
             self.metrics.requests.labels(endpoint, 200).inc()
-            counts = usage(stats.prompt_tokens, stats.new_tokens)
+            counts = usage(stats.prompt_tokens, stats.new_tokens, stats.reused_prompt_tokens)
             body = response(
                 request,
                 self.config.model_name,
@@ -253,7 +253,9 @@ class Server:
                             )
                         )
                     if request.include_usage:
-                        counts = usage(stats.prompt_tokens, stats.new_tokens)
+                        counts = usage(
+                            stats.prompt_tokens, stats.new_tokens, stats.reused_prompt_tokens
+                        )
                         yield json.dumps(
                             chunk(request, model, None, None, counts=counts, stats=stats.to_json())
                         )

@@ -220,16 +220,19 @@ def finish_reason(stop_reason: str) -> str:
     return "stop" if stop_reason in ("eos", "stop") else "length"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage record; cached_tokens: prompt tokens whose keys and values were copied
+    from another request's (a shared prefix in a batch) instead of computed."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
 def response(
-    request: Request, model: str, text: str, reason: str, counts: dict[str, int], stats: Any
+    request: Request, model: str, text: str, reason: str, counts: dict[str, Any], stats: Any
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
     if request.chat:
@@ -253,7 +256,7 @@ def chunk(
     text: str | None,
     reason: str | None,
     first: bool = False,
-    counts: dict[str, int] | None = None,
+    counts: dict[str, Any] | None = None,
     stats: Any = None,
 ) -> dict[str, Any]:
     """One streamed event: a text delta, the final one with its finish reason, or (with no text

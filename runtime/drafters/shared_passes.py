@@ -7,9 +7,9 @@ docs/bench/batching.md). So the rows whose drafts run the same draft graph keep 
 caches as rows of one ``BatchKVCache`` here, and their proposals advance in lockstep: each
 round feeds every row's next token in one pass (one token per row: a pass GroupQueryAttention
 takes over rows of different lengths), and a row whose proposal ends drops out of the next
-rounds. A row that must first catch up on a few committed tokens feeds them one per pass with
-the other rows that are behind; a long catch-up (its first proposal reads the prompt) runs alone,
-in chunks.
+rounds. Rows that must first catch up on a committed token or two feed them one per pass
+together; a row alone in being behind, or far behind (its first proposal reads the prompt), reads
+them alone in one pass (chunks for a prompt) and joins the next round.
 
 What a row drafts does not depend on the other rows (up to float near-ties between passes of
 different shapes); verification keeps every row's output exact either way.
@@ -24,7 +24,7 @@ import numpy as np
 from specx.runtime.backends.base import GraphSession
 from specx.runtime.backends.ort_session import OrtSession
 from specx.runtime.drafters.base import Proposal, ProposalSteps
-from specx.runtime.kv_cache import BatchKVCache
+from specx.runtime.kv_cache import BatchKVCache, common_prefix
 
 
 def can_share_passes(session: GraphSession) -> bool:
@@ -44,10 +44,14 @@ class DraftRows:
     """The draft caches of a batch's rows in one buffer, for one draft graph."""
 
     CATCHUP_SHARED = 1  # catch-up tokens a row feeds in shared passes; more: alone, in chunks
+    SHARED_PREFIX_MIN = 8  # prompt tokens worth copying from another row instead of computing
 
     def __init__(self, session: OrtSession, rows: int, capacity: int) -> None:
         self.session = session  # a fork: its own bindings and logits buffers
         self.cache: BatchKVCache = session.new_batch_cache(rows, capacity)
+        self.tokens = np.zeros(
+            (rows, capacity), dtype=np.int64
+        )  # [rows, capacity] what each row holds
         self.passes = 0  # shared rounds run (one pass each)
         self.caught_up = 0  # committed tokens the last propose fed rows alone before its rounds
 
@@ -58,16 +62,35 @@ class DraftRows:
         self.cache.lengths[row] = min(length, int(self.cache.lengths[row]))
 
     def feed(self, row: int, tokens: np.ndarray) -> np.ndarray:
-        """Tokens into one row alone (in chunks); the last logits row (a view: used at once)."""
+        """Tokens into one row alone (in chunks); the last logits row (a view: used at once).
+        An empty row first copies the longest prefix of them another row holds (a shared
+        system prompt) instead of computing it."""
+        if self.length(row) == 0 and tokens.shape[0] > self.SHARED_PREFIX_MIN:
+            tokens = tokens[self._reuse_prefix(row, tokens[:-1]) :]
         chunk = self.session.max_chunk
         logits = None
         for start in range(0, int(tokens.shape[0]), chunk):
             part = tokens[start : start + chunk]
+            at = self.length(row)
+            self.tokens[row, at : at + part.shape[0]] = part
             logits = self.session.forward_rows(
                 part[None], np.array([part.shape[0]]), self.cache, row
             )
         assert logits is not None, "feed takes at least one token"
         return logits[0, -1]
+
+    def _reuse_prefix(self, row: int, prompt: np.ndarray) -> int:
+        best, donor = 0, -1
+        for other in range(self.cache.rows):
+            held = self.length(other)
+            if other != row and held:
+                shared = common_prefix(self.tokens[other, :held], prompt)
+                if shared > best:
+                    best, donor = shared, other
+        if best < self.SHARED_PREFIX_MIN or not self.cache.copy_prefix(donor, row, best):
+            return 0
+        self.tokens[row, :best] = prompt[:best]
+        return best
 
     def _round(self, tokens: dict[int, int]) -> tuple[np.ndarray, int]:
         """One pass feeding one token to each row in `tokens` (the rows between sit it out):
@@ -78,6 +101,7 @@ class DraftRows:
         for row, token in tokens.items():
             batch[row - first, 0] = token
             counts[row - first] = 1
+            self.tokens[row, self.length(row)] = token
         logits = self.session.forward_rows(batch, counts, self.cache, first)  # [rows, 1, V]
         self.passes += 1
         return logits, first
@@ -87,32 +111,39 @@ class DraftRows:
         drafting. Returns each row's proposal.
 
         A row's first pass of a proposal feeds the committed tokens its cache lacks: usually
-        one, two after a fully accepted proposal (its last token was never fed), more after
-        steps it did not draft. Up to CATCHUP_SHARED of them go one per shared pass with the
-        other rows that are behind; a longer catch-up (a prompt) is read alone, in chunks."""
+        one; two after a fully accepted proposal (its last token was never fed); more after
+        steps it did not draft. Rows with up to CATCHUP_SHARED extra tokens feed them one per
+        shared pass when at least two rows are behind; otherwise a row that is behind reads
+        its tokens alone, in one pass (chunks for a prompt), and joins the next round."""
         done: dict[int, Proposal] = {}
         pending: dict[int, np.ndarray] = {}  # row -> the tokens its next pass feeds
         steps = {job.row: job.steps for job in jobs}
         self.caught_up = 0
-        for row, s in steps.items():
+
+        def advance(row: int, logits: np.ndarray | None) -> None:
+            """The row's next step: its first tokens (logits None), or after this pass."""
             try:
-                pending[row] = next(s)
+                pending[row] = next(steps[row]) if logits is None else steps[row].send(logits)
             except StopIteration as stop:
                 done[row] = stop.value
+
+        for row in steps:
+            advance(row, None)
         while pending:
-            for row, tokens in pending.items():
-                if tokens.shape[0] > self.CATCHUP_SHARED + 1:
-                    self.feed(row, tokens[:-1])
-                    self.caught_up += int(tokens.shape[0]) - 1
-                    pending[row] = tokens[-1:]
-            while behind := {row: t for row, t in pending.items() if t.shape[0] > 1}:
-                self._round({row: int(t[0]) for row, t in behind.items()})
-                pending.update({row: t[1:] for row, t in behind.items()})
-            logits, first = self._round({row: int(t[0]) for row, t in pending.items()})
-            fed, pending = pending, {}
-            for row in fed:
-                try:
-                    pending[row] = steps[row].send(logits[row - first, 0])
-                except StopIteration as stop:
-                    done[row] = stop.value
+            behind = [row for row, t in pending.items() if t.shape[0] > 1]
+            short = [row for row in behind if pending[row].shape[0] <= self.CATCHUP_SHARED + 1]
+            for row in behind:
+                if len(short) < 2 or row not in short:
+                    tokens = pending.pop(row)
+                    if row not in short:  # a prompt's worth: not what a usual step costs
+                        self.caught_up += int(tokens.shape[0]) - 1
+                    advance(row, self.feed(row, tokens))  # at once: the next pass reuses it
+            while lagging := {row: t for row, t in pending.items() if t.shape[0] > 1}:
+                self._round({row: int(t[0]) for row, t in lagging.items()})
+                pending.update({row: t[1:] for row, t in lagging.items()})
+            if pending:
+                logits, first = self._round({row: int(t[0]) for row, t in pending.items()})
+                fed, pending = pending, {}
+                for row in fed:
+                    advance(row, logits[row - first, 0])
         return done

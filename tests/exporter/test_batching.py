@@ -447,10 +447,10 @@ def test_a_long_prompt_joins_in_chunks_while_the_others_decode(llama: Any) -> No
 def test_rows_drafting_together_propose_what_each_would_alone_in_fewer_passes(
     llama: Any,
 ) -> None:
-    """Shared draft passes (drafters/shared_passes.py): three rows at different lengths, one
-    reading its prompt (a long catch-up, alone), one with two committed tokens to feed (one in a
-    shared catch-up pass), one with three (two alone), propose exactly the tokens their drafters
-    propose alone, with one pass per round for all rows instead of one per row."""
+    """Shared draft passes (drafters/shared_passes.py): four rows at different lengths, row 0
+    reading its prompt and row 3 four tokens behind (alone, then they join), rows 1 and 2 two
+    tokens behind (a shared catch-up pass), propose exactly the tokens their drafters propose
+    alone, with one pass per round for all rows instead of one per row."""
     from specx.runtime.drafters.base import DraftRequest
     from specx.runtime.drafters.model import ModelDrafter
     from specx.runtime.drafters.shared_passes import DraftRows, RowSteps
@@ -458,48 +458,47 @@ def test_rows_drafting_together_propose_what_each_would_alone_in_fewer_passes(
 
     artifact, _ = llama
     pipe = Pipeline.load(artifact)
-    contexts = [_ids(pipe, p) for p in PROMPTS[:3]]
+    contexts = [_ids(pipe, p) for p in PROMPTS[:4]]
+    behind = [len(contexts[0]), 2, 2, 4]  # committed tokens each row's cache lacks
     vocab = pipe.manifest.target.vocab_size
     request = DraftRequest(SamplingParams(), PositionNoise(0, vocab), prefill=False)
 
     def drafter() -> ModelDrafter:
         made = pipe.new_drafter("mixed")
         assert isinstance(made, ModelDrafter)
-        made.start(contexts[0], request)
         return made
 
     alone = [drafter() for _ in contexts]
     shared = [drafter() for _ in contexts]
-    rows = DraftRows(shared[0].session.fork(), 3, 96)
-    for row, d in enumerate(shared):
+    rows = DraftRows(shared[0].session.fork(), 4, 96)
+    for row, (a, d, context) in enumerate(zip(alone, shared, contexts, strict=True)):
         d.bind_row(rows, row)
-        d.start(contexts[row], request)
-    for row, (a, s, context) in enumerate(zip(alone, shared, contexts, strict=True)):
-        a.start(context, request)
-        if row > 0:  # rows 1 and 2 have read all but 1 + row tokens of their context
-            for d in (a, s):
-                d.propose(context[: -1 - row], 3)
-                d.commit(0)
+        for each in (a, d):
+            each.start(context, request)
+            if row > 0:
+                each.propose(context[: -behind[row]], 3)
+                each.commit(0)
+    assert [rows.length(r) for r in range(4)] == [
+        len(c) - n for c, n in zip(contexts, behind, strict=True)
+    ]
     want = [a.propose(c, 3).tokens.tolist() for a, c in zip(alone, contexts, strict=True)]
-    alone_passes = sum(a.session.passes for a in alone)
     before = rows.passes
-    got = rows.propose(
-        [
-            RowSteps(row, d.proposal_steps(c, 3))
-            for row, (d, c) in enumerate(zip(shared, contexts, strict=True))
-        ]
-    )
-    assert [got[row].tokens.tolist() for row in range(3)] == want
+    jobs = [
+        RowSteps(r, d.proposal_steps(c, 3))
+        for r, (d, c) in enumerate(zip(shared, contexts, strict=True))
+    ]
+    got = rows.propose(jobs)
+    assert [got[row].tokens.tolist() for row in range(4)] == want
     assert all(len(w) == 3 for w in want)
-    # rounds: a catch-up pass for row 1, then three drafting passes for all rows
+    # one catch-up pass for rows 1 and 2; rows 0 and 3 read alone and then draft one round
+    # ahead of them: three rounds more
     assert rows.passes - before == 4
-    assert rows.caught_up == contexts[0].shape[0] - 1 + 2  # alone: row 0's prompt, row 2's two
-    assert [rows.length(r) for r in range(3)] == [c.shape[0] + 2 for c in contexts]
+    assert rows.caught_up == len(contexts[0]) - 1 + 3  # tokens read alone: row 0's and row 3's
+    assert [rows.length(r) for r in range(4)] == [len(c) + 2 for c in contexts]
     for d, a in zip(shared, alone, strict=True):
         d.commit(1)
         a.commit(1)
-    assert [rows.length(r) for r in range(3)] == [c.shape[0] + 1 for c in contexts]
-    assert alone_passes > 0
+    assert [rows.length(r) for r in range(4)] == [len(c) + 1 for c in contexts]
 
 
 def test_a_batch_shares_its_draft_models_passes_and_unbinds_its_drafters(llama: Any) -> None:
@@ -538,3 +537,23 @@ def test_a_batch_shares_its_draft_models_passes_and_unbinds_its_drafters(llama: 
         d.start(ids, request)
     assert drafters[0].propose(ids, 3).tokens.tolist() == fresh.propose(ids, 3).tokens.tolist()
     assert rows.cache.lengths.tolist() == [0, 0, 0]
+
+
+def test_rows_sharing_a_prompt_prefix_copy_it_and_decode_as_alone(llama: Any) -> None:
+    """A joining row copies the prompt prefix another row holds (a shared system prompt) into
+    its target row and its draft row instead of computing it; every row still decodes exactly
+    as alone, and the copy is counted in its statistics."""
+    artifact, target = llama
+    pipe = Pipeline.load(artifact)
+    system = "You are a careful assistant. "
+    prompts = [system + p for p in PROMPTS[:3]]
+    shared = len(pipe.encode_prompt(system)) - 2  # tokens at the seam may merge
+    results = pipe.generate_batch(
+        prompts, pipe_settings(max_new_tokens=12, k=3, drafter="mixed"), max_batch=3
+    )
+    reused = [r.stats.reused_prompt_tokens for r in results]
+    assert reused[0] == 0 and min(reused[1:]) >= shared > 8
+    for prompt, result in zip(prompts, results, strict=True):
+        ids = pipe.encode_prompt(prompt)
+        eos = pipe.manifest.special_tokens.eos_token_ids
+        assert_same_or_near_tie(target, ids, result.token_ids, hf_greedy(target, ids, 12, eos))

@@ -71,3 +71,23 @@ def test_rollback_then_rewrite_equals_a_cache_that_never_saw_the_rejected_tokens
     want = session.forward(np.array([4, 5, 6, 40, 41]), clean)[3:]
     np.testing.assert_allclose(logits, want, atol=1e-4)
     np.testing.assert_allclose(cache.keys(0), clean.keys(0), atol=1e-5)
+
+
+def test_a_batch_cache_copies_a_prefix_between_rows_and_nothing_else() -> None:
+    from specx.runtime.errors import InputError
+    from specx.runtime.kv_cache import BatchKVCache, common_prefix
+
+    cache = BatchKVCache(num_layers=2, kv_heads=2, head_dim=4, rows=3, capacity=8)
+    keys = cache._buffers[0].to_host()
+    keys[0] = np.arange(keys[0].size, dtype=np.float32).reshape(keys[0].shape)
+    keys[2] = -1.0
+    cache.lengths[:] = [6, 0, 3]
+    assert cache.copy_prefix(0, 2, 5)
+    assert cache.lengths.tolist() == [6, 0, 5]
+    np.testing.assert_array_equal(keys[2, :, :5], keys[0, :, :5])
+    assert (keys[2, :, 5:] == -1.0).all()  # past the prefix: untouched
+    assert (keys[1] == 0).all()
+    with pytest.raises(InputError, match="cannot copy"):
+        cache.copy_prefix(0, 1, 7)  # row 0 holds only 6
+    assert common_prefix(np.array([1, 2, 3, 4]), np.array([1, 2, 5])) == 2
+    assert common_prefix(np.array([1, 2]), np.array([1, 2, 5])) == 2
