@@ -174,7 +174,9 @@ class OrtSession(GraphSession):
         self._head_zeros: dict[str, np.ndarray] = {}
         self.last_features = None
         self._binding = self.session.io_binding()
-        self._bound_cache: KVCache | None = None  # gqa: whose buffers the binding holds
+        # whose cache buffers the binding holds: a KVCache (gqa), or (a BatchKVCache, first row,
+        # rows) for forward_rows; None: rebind before the next pass
+        self._bound: KVCache | tuple[BatchKVCache, int, int] | None = None
         self._position_ids = spec.uses_position_ids
         self._cache_np_dtype = NP_DTYPES[spec.dtype]
 
@@ -189,7 +191,7 @@ class OrtSession(GraphSession):
         other._head_zeros = {}
         other.last_features = None
         other._binding = self.session.io_binding()
-        other._bound_cache = None
+        other._bound = None
         other.passes = 0
         return other
 
@@ -351,6 +353,7 @@ class OrtSession(GraphSession):
 
     def _bind_plain(self, io: Any, cache: KVCache, past: int, seq: int) -> None:
         """past = the valid prefix of each buffer; new = the slots right after it."""
+        self._bound = None
         dev, dev_id, dt = cache.device, cache.device_id, self._cache_np_dtype
         past_shape = [1, past, cache.kv_heads, cache.head_dim]
         new_shape = [1, seq, cache.kv_heads, cache.head_dim]
@@ -369,7 +372,7 @@ class OrtSession(GraphSession):
         else:
             io.bind_cpu_input(contract.SEQLENS_K, np.array([past + seq - 1], dtype=np.int32))
             io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, np.array(past + seq, dtype=np.int32))
-        if self._bound_cache is cache:
+        if self._bound is cache:
             return  # the cache buffers are bound already and never move
         dev, dev_id, dt, shape = cache.device, cache.device_id, self._cache_np_dtype, cache.shape
         for layer in range(cache.num_layers):
@@ -379,7 +382,7 @@ class OrtSession(GraphSession):
             ):
                 io.bind_input(name_in, dev, dev_id, dt, list(shape), ptr)
                 io.bind_output(name_out, dev, dev_id, dt, list(shape), ptr)
-        self._bound_cache = cache
+        self._bound = cache
 
     def forward_rows(
         self, tokens: np.ndarray, counts: np.ndarray, cache: BatchKVCache, first_row: int = 0
@@ -417,7 +420,6 @@ class OrtSession(GraphSession):
         if self._batch_logits.shape[0] < need:
             self._batch_logits = np.empty((need, self.vocab_size), np.float32)
         io = self._binding
-        self._bound_cache = None  # this binding no longer holds a single-sequence cache
         io.bind_cpu_input(contract.INPUT_IDS, np.ascontiguousarray(tokens, dtype=np.int64))
         positions = starts[:, None] + np.arange(seq, dtype=np.int64)[None, :]  # [batch, seq]
         if self._position_ids:
@@ -428,15 +430,19 @@ class OrtSession(GraphSession):
             io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, total)
         else:
             io.bind_cpu_input(contract.WRITE_INDICES, starts)
-        dev, dev_id, dt = cache.device, cache.device_id, self._cache_np_dtype
-        shape = [batch, cache.kv_heads, cache.capacity, cache.head_dim]
-        for layer in range(cache.num_layers):
-            for name_in, name_out, ptr in (
-                (contract.past_key(layer), contract.present_key(layer), cache.key_ptr),
-                (contract.past_value(layer), contract.present_value(layer), cache.value_ptr),
-            ):
-                io.bind_input(name_in, dev, dev_id, dt, shape, ptr(layer, first_row))
-                io.bind_output(name_out, dev, dev_id, dt, shape, ptr(layer, first_row))
+        bound = self._bound
+        if not (isinstance(bound, tuple) and bound[0] is cache and bound[1:] == (first_row, batch)):
+            # the rows' buffers never move: bound again only when the pass takes other rows
+            dev, dev_id, dt = cache.device, cache.device_id, self._cache_np_dtype
+            shape = [batch, cache.kv_heads, cache.capacity, cache.head_dim]
+            for layer in range(cache.num_layers):
+                for name_in, name_out, ptr in (
+                    (contract.past_key(layer), contract.present_key(layer), cache.key_ptr),
+                    (contract.past_value(layer), contract.present_value(layer), cache.value_ptr),
+                ):
+                    io.bind_input(name_in, dev, dev_id, dt, shape, ptr(layer, first_row))
+                    io.bind_output(name_out, dev, dev_id, dt, shape, ptr(layer, first_row))
+            self._bound = (cache, first_row, batch)
         io.bind_output(
             contract.LOGITS,
             "cpu",

@@ -2,8 +2,9 @@
 context's last n tokens, for n from max_ngram down to min_ngram. No model; the only state is the
 current step's search result.
 
-The search is one vectorized comparison per n over the context (numpy sliding windows), so it
-costs microseconds even for thousands of tokens. Proposals stop after an EOS token.
+The search is one vectorized comparison over the context (where the last token occurred before),
+then max_ngram - 1 comparisons over those places only, so it costs microseconds even for
+thousands of tokens. Proposals stop after an EOS token.
 """
 
 from __future__ import annotations
@@ -46,14 +47,23 @@ class NgramDrafter:
     def _search(self, context: np.ndarray, length: int) -> np.ndarray:
         if length < 2:
             return EMPTY
-        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            pattern = context[length - n :]  # [n]
-            # windows over context[:-1] so that every match is followed by at least one token
-            windows = np.lib.stride_tricks.sliding_window_view(context[: length - 1], n)
-            hits = np.flatnonzero(np.all(windows == pattern, axis=1))  # starts of matches
+        # every earlier position holding the last token ends a match of length >= 1 (positions
+        # up to length - 2, so that every match is followed by at least one token)
+        ends = np.flatnonzero(context[: length - 1] == context[length - 1])  # [m]
+        longest = min(self.max_ngram, length - 1)
+        if ends.size == 0 or longest < self.min_ngram:
+            return EMPTY
+        matched = np.ones(ends.size, dtype=np.int64)  # [m] suffix tokens each match shares
+        going = np.ones(ends.size, dtype=bool)
+        for back in range(1, longest):
+            going &= ends >= back
+            going[going] = context[ends[going] - back] == context[length - 1 - back]
+            matched += going
+        for n in range(longest, self.min_ngram - 1, -1):
+            hits = ends[matched >= n]
             if hits.size == 0:
                 continue
-            start = int(hits[-1]) + n  # the latest occurrence: closest to the current topic
+            start = int(hits[-1]) + 1  # the latest occurrence: closest to the current topic
             tokens = context[start : start + LOOKAHEAD]
             if self.eos.size:
                 stops = np.flatnonzero(np.isin(tokens, self.eos))

@@ -61,6 +61,33 @@ def test_ngram_names_its_source_and_proposes_the_continuation_it_found() -> None
     assert drafter.propose(ids(5, 6, 7, 8, 9, 5), 2).tokens.tolist() == [6, 7]
 
 
+def lookup_by_definition(context: np.ndarray, max_ngram: int, min_ngram: int, k: int) -> list[int]:
+    """Prompt lookup spelled out: for n from the longest down, the latest earlier window equal
+    to the last n tokens (and followed by a token); what follows it."""
+    length = len(context)
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        pattern = context[length - n :].tolist()
+        starts = [h for h in range(length - n) if context[h : h + n].tolist() == pattern]
+        if starts:
+            return context[starts[-1] + n : starts[-1] + n + k].tolist()
+    return []
+
+
+@pytest.mark.parametrize(("max_ngram", "min_ngram"), [(3, 1), (4, 2), (1, 1)])
+def test_ngram_lookup_matches_its_definition_on_random_contexts(
+    max_ngram: int, min_ngram: int
+) -> None:
+    rng = np.random.default_rng(max_ngram * 10 + min_ngram)
+    drafter = NgramDrafter(max_ngram=max_ngram, min_ngram=min_ngram)
+    found = 0
+    for _ in range(400):
+        context = rng.integers(0, int(rng.integers(2, 6)), size=int(rng.integers(1, 30)))
+        want = lookup_by_definition(context, max_ngram, min_ngram, 5)
+        assert drafter.propose(context.astype(np.int64), 5).tokens.tolist() == want, context
+        found += bool(want)
+    assert 100 < found < 400  # both outcomes were exercised
+
+
 def test_ngram_lookup_handles_long_contexts_quickly() -> None:
     rng = np.random.default_rng(0)
     context = rng.integers(0, 50, size=4000).astype(np.int64)
