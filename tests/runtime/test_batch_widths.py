@@ -1,0 +1,111 @@
+"""-k auto in a batch (runtime/batch_widths.py): one cap on K for the adaptive rows, chosen from
+measured pass and drafting costs; drafting that rows share is counted once."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specx.runtime.adaptive import AdaptiveK
+from specx.runtime.batch_widths import WidthPlanner
+from specx.runtime.batching import BatchSequence
+from specx.runtime.drafters.base import LOOKUP, MODEL
+from specx.runtime.generate import make_verifier
+from specx.runtime.sampling import PositionNoise, SamplingParams
+from specx.runtime.settings import GenerationSettings
+from specx.runtime.stats import Stats
+
+
+class KnownPolicy(AdaptiveK):
+    """An adaptive policy whose estimates are given: acceptance per position, drafting seconds
+    per token."""
+
+    def __init__(self, accept: float, draft_s_per_token: float, max_k: int = 4) -> None:
+        super().__init__(max_k=max_k)
+        self.accept = accept
+        self.per_token = draft_s_per_token
+
+    def expected_tokens(self, source: str = MODEL) -> list[float]:
+        return [sum(self.accept**j for j in range(k + 1)) for k in range(self.max_k + 1)]
+
+    def draft_cost_s(self, k: int, source: str = MODEL) -> float | None:
+        return k * self.per_token
+
+
+def row(row: int, policy: AdaptiveK, source: str = MODEL, shares: bool = False) -> BatchSequence:
+    seq = BatchSequence(
+        row,
+        GenerationSettings(),
+        policy,
+        None,
+        Stats(),
+        None,
+        make_verifier(SamplingParams(), PositionNoise(0, 8)),
+        np.zeros(8, dtype=np.int64),
+        1,
+    )
+    seq.source, seq.k_limit, seq.shares_draft = source, 4, shares
+    return seq
+
+
+def planner(one_token_s: float, per_extra_position: float, rows: int) -> WidthPlanner:
+    """Pass costs measured for `rows` rows at widths 1..5: each position per row beyond the
+    first costs `per_extra_position` of the one-token pass."""
+    widths = WidthPlanner()
+    widths.observe(1, 1, one_token_s)
+    for w in range(1, 6):
+        widths.observe(rows, w, one_token_s * (1 + per_extra_position * (w - 1)))
+    return widths
+
+
+def test_a_pass_that_widens_for_free_lets_rows_draft_and_a_costly_one_does_not() -> None:
+    free = planner(0.040, 0.02, rows=4)
+    rows = [row(r, KnownPolicy(0.8, 0.0), LOOKUP) for r in range(4)]
+    free.plan(rows, 4)
+    assert [s.k for s in rows] == [4, 4, 4, 4]
+    # each extra position per row costs 60% of the pass: one more token at 0.8 still pays
+    # (4 x 1.8 tokens / 1.6 passes > 4 / 1), two do not (4 x 2.44 / 2.2 < 4 x 1.8 / 1.6)
+    costly = planner(0.040, 0.6, rows=4)
+    costly.plan(rows, 4)
+    assert [s.k for s in rows] == [1, 1, 1, 1]
+    # compute-bound: every position costs a full pass
+    bound = planner(0.040, 1.0, rows=4)
+    bound.plan(rows, 4)
+    assert [s.k for s in rows] == [0, 0, 0, 0]
+
+
+def test_drafting_the_rows_share_is_counted_once() -> None:
+    """Four model rows, 10 ms a drafted token each alone; a shared run costs 12 ms a token for
+    all four. Alone their drafting outweighs what it brings; shared, it pays."""
+    rows = [row(r, KnownPolicy(0.85, 0.010)) for r in range(4)]
+    alone = planner(0.040, 0.1, rows=4)
+    alone.plan(rows, 4)
+    assert max(s.k for s in rows) <= 1
+    shared_rows = [row(r, KnownPolicy(0.85, 0.010), shares=True) for r in range(4)]
+    shared = planner(0.040, 0.1, rows=4)
+    for k in range(1, 5):
+        shared.observe_draft(4, k, 0.012 * k)
+    shared.plan(shared_rows, 4)
+    assert min(s.k for s in shared_rows) >= 2
+
+
+def test_a_shared_drafting_cost_not_measured_yet_is_scaled_or_guessed() -> None:
+    widths = planner(0.040, 0.1, rows=4)
+    # nothing measured: K passes at DRAFT_PRIOR of a target pass over as many rows
+    assert np.isclose(widths.shared_draft_s(4, 2, 0.040), 2 * WidthPlanner.DRAFT_PRIOR * 0.040)
+    widths.observe_draft(4, 2, 0.030)
+    assert widths.shared_draft_s(4, 2, 0.040) == 0.030
+    assert np.isclose(widths.shared_draft_s(4, 3, 0.040), 0.045)  # scaled by K
+    assert widths.shared_draft_s(4, 0, 0.040) == 0.0
+
+
+def test_rows_with_a_fixed_k_keep_it_and_set_the_least_width() -> None:
+    from specx.runtime.generate import FixedK
+
+    widths = planner(0.040, 0.6, rows=2)
+    fixed = row(0, FixedK(3))
+    fixed.k = 3
+    adaptive = row(1, KnownPolicy(0.5, 0.0), LOOKUP)
+    widths.plan([fixed, adaptive], 2)
+    assert fixed.k == 3
+    # the pass is 4 wide anyway: the adaptive row may use the width for free
+    assert adaptive.k == 3
