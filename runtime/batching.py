@@ -308,6 +308,8 @@ class BatchDecoder:
         if session is None or not can_share_passes(session):
             return None
         assert isinstance(session, OrtSession)
+        if session.spec.max_length < self.capacity:
+            return None  # its graph was exported for shorter sequences than the rows hold
         key = str(session.path)
         if key not in self._draft_rows:
             self._draft_rows[key] = DraftRows(session.fork(), len(self._rows), self.capacity)
