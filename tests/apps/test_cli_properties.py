@@ -126,9 +126,14 @@ def field_paths(data: dict[str, Any]) -> list[tuple[str, ...]]:
 
 
 def put(data: Any, path: tuple[str, ...], value: Any) -> None:
+    """Set the field at `path`, where an earlier draw left its parents in place (a draw may have
+    replaced `drafts` by a scalar or a shorter list: then there is nothing to set)."""
     for key in path[:-1]:
-        data = data[int(key)] if isinstance(data, list) else data.setdefault(key, {})
-        if data is None:
+        if isinstance(data, list) and key.isdigit() and int(key) < len(data):
+            data = data[int(key)]
+        elif isinstance(data, dict):
+            data = data.setdefault(key, {})
+        else:
             return
     if isinstance(data, dict):
         data[path[-1]] = value
