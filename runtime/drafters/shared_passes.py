@@ -9,7 +9,8 @@ round feeds every row's next token in one pass (one token per row: a pass GroupQ
 takes over rows of different lengths), and a row whose proposal ends drops out of the next
 rounds. Rows that must first catch up on a committed token or two feed them one per pass
 together; a row alone in being behind, or far behind (its first proposal reads the prompt), reads
-them alone in one pass (chunks for a prompt) and joins the next round.
+them alone in one pass (chunks for a prompt) and joins the next round; an empty row first copies
+the longest prefix of its tokens another row holds (a shared system prompt).
 
 What a row drafts does not depend on the other rows (up to float near-ties between passes of
 different shapes); verification keeps every row's output exact either way.
@@ -49,11 +50,11 @@ class DraftRows:
     def __init__(self, session: OrtSession, rows: int, capacity: int) -> None:
         self.session = session  # a fork: its own bindings and logits buffers
         self.cache: BatchKVCache = session.new_batch_cache(rows, capacity)
-        self.tokens = np.zeros(
-            (rows, capacity), dtype=np.int64
-        )  # [rows, capacity] what each row holds
+        # [rows, capacity] the tokens each row's cache holds (positions 0 .. length - 1)
+        self.tokens = np.zeros((rows, capacity), dtype=np.int64)
         self.passes = 0  # shared rounds run (one pass each)
-        self.caught_up = 0  # committed tokens the last propose fed rows alone before its rounds
+        # tokens of long catch-ups (a prompt) the last propose read alone: not a usual step's cost
+        self.caught_up = 0
 
     def length(self, row: int) -> int:
         return int(self.cache.lengths[row])
