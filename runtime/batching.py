@@ -44,7 +44,6 @@ from specx.runtime.drafters.base import (
 from specx.runtime.drafters.shared_passes import DraftRows, RowSteps, can_share_passes
 from specx.runtime.errors import InputError
 from specx.runtime.generate import KPolicy, StepDecision, StepResult, Verifier, make_verifier
-from specx.runtime.kv_cache import common_prefix
 from specx.runtime.sampling import PositionNoise
 from specx.runtime.settings import GenerationSettings
 from specx.runtime.stats import Stats
@@ -81,6 +80,7 @@ class BatchSequence:
     source: str = NONE
     shares_draft: bool = False  # this step's proposal runs in the shared draft passes
     draft_rows: DraftRows | None = None  # where the drafter's cache lives while in the batch
+    shared_drafter: SharedPassDrafter | None = None  # the drafter, while bound to draft_rows
     draft_s: float = 0.0
     decode_start: float = 0.0  # when it joined the decoding rows
     prefilled: int = -1  # prompt tokens in the cache while it joins; -1 once it decodes
@@ -161,18 +161,11 @@ class BatchDecoder:
         )
         if features:
             return 0
+        held = {  # a row's cache holds its context up to its length
+            o.row: o.context[: int(self.cache.lengths[o.row])] for o in self._rows if o is not None
+        }
         prompt = s.context[: s.n_context - 1]  # what the prefill feeds
-        best, donor = 0, -1
-        for other in self._rows:
-            if other is None or other is s:
-                continue
-            held = int(self.cache.lengths[other.row])  # its cache holds context[:held]
-            shared = common_prefix(other.context[:held], prompt)
-            if shared > best:
-                best, donor = shared, other.row
-        if best < self.SHARED_PREFIX_MIN or not self.cache.copy_prefix(donor, s.row, best):
-            return 0
-        return best
+        return self.cache.reuse_prefix(s.row, prompt, held, self.SHARED_PREFIX_MIN)
 
     @property
     def draft_rows(self) -> list[DraftRows]:
@@ -222,6 +215,9 @@ class BatchDecoder:
         self.cache.lengths[row] = 0
         if drafter is not None:
             seq.draft_rows = self._bind_draft(drafter, row)
+            if seq.draft_rows is not None:
+                assert isinstance(drafter, SharedPassDrafter)  # once, not per step
+                seq.shared_drafter = drafter
             request = DraftRequest(settings.sampling, noise, settings.draft_p_min, prefill=False)
             drafter.start(prompt, request)
         seq.prefilled = 0 if n > 1 else -1  # -1: nothing (left) to prefill
@@ -290,9 +286,7 @@ class BatchDecoder:
         remaining = s.settings.max_new_tokens - s.stats.new_tokens
         s.source = s.drafter.source(s.committed) if s.drafter is not None else NONE
         s.shares_draft = (
-            s.draft_rows is not None
-            and isinstance(s.drafter, SharedPassDrafter)
-            and s.drafter.draft_session(s.source) is not None
+            s.shared_drafter is not None and s.shared_drafter.draft_session(s.source) is not None
         )
         s.decision = s.policy.decide(s.source)
         most = s.policy.max_k if isinstance(s.policy, AdaptiveK) else s.decision.k
@@ -334,8 +328,8 @@ class BatchDecoder:
             t0 = perf_counter()
             jobs: list[RowSteps] = []
             for s in group:
-                assert isinstance(s.drafter, SharedPassDrafter)
-                steps = s.drafter.proposal_steps(s.committed, s.k, s.decision.plan)
+                assert s.shared_drafter is not None
+                steps = s.shared_drafter.proposal_steps(s.committed, s.k, s.decision.plan)
                 jobs.append(RowSteps(s.row, steps))
             proposals = rows.propose(jobs)
             seconds = perf_counter() - t0
@@ -409,10 +403,10 @@ class BatchDecoder:
         s.done = True
         s.stats.stop_reason = s.stats.stop_reason or reason
         self.cache.lengths[s.row] = 0
-        if s.draft_rows is not None and isinstance(s.drafter, SharedPassDrafter):
+        if s.draft_rows is not None and s.shared_drafter is not None:
             s.draft_rows.truncate(s.row, 0)
-            s.drafter.bind_row(None)  # the drafter may serve a generation alone next
-            s.draft_rows = None
+            s.shared_drafter.bind_row(None)  # the drafter may serve a generation alone next
+            s.draft_rows = s.shared_drafter = None
         self._rows[s.row] = None
 
 

@@ -199,6 +199,21 @@ class BatchKVCache:
         self.lengths[row] = length
         return True
 
+    def reuse_prefix(
+        self, row: int, prompt: np.ndarray, held: dict[int, np.ndarray], minimum: int
+    ) -> int:
+        """Copy into `row` the longest prefix of `prompt` that another row holds (`held`: row ->
+        the tokens at its positions 0 .. length - 1), if at least `minimum` tokens; returns its
+        length (0: nothing copied, the row is left as it was)."""
+        best, donor = 0, -1
+        for other, tokens in held.items():
+            shared = common_prefix(tokens, prompt) if other != row else 0
+            if shared > best:
+                best, donor = shared, other
+        if best < minimum or not self.copy_prefix(donor, row, best):
+            return 0
+        return best
+
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     """How many leading tokens two id arrays share."""

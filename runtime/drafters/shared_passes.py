@@ -1,16 +1,16 @@
 """Draft-model passes shared by the rows of a batch.
 
-Alone, a draft model costs a pass per drafted token. In a batch, each row drafting on its own
-would cost rows x K passes before every verify pass, though a one-token pass over several rows
-costs little more than over one (int8 SmolLM2 on 2 cores: 4 rows 21 ms, one row 17 ms;
-docs/bench/batching.md). So the rows whose drafts run the same draft graph keep their draft
-caches as rows of one ``BatchKVCache`` here, and their proposals advance in lockstep: each
-round feeds every row's next token in one pass (one token per row: a pass GroupQueryAttention
-takes over rows of different lengths), and a row whose proposal ends drops out of the next
-rounds. Rows that must first catch up on a committed token or two feed them one per pass
-together; a row alone in being behind, or far behind (its first proposal reads the prompt), reads
-them alone in one pass (chunks for a prompt) and joins the next round; an empty row first copies
-the longest prefix of its tokens another row holds (a shared system prompt).
+Alone, a draft model costs a pass per drafted token. In a batch, each row drafting on its own would
+cost rows x K passes before every verify pass, though a one-token pass over several rows costs
+little more than over one (int8 SmolLM2 on 2 cores: 4 rows 1.24x one row; `scripts/batch_costs.py
+--one-token`, docs/bench/batching.md). So the rows whose drafts run the same draft graph keep their
+draft caches as rows of one ``BatchKVCache`` here, and their proposals advance in lockstep: each
+round feeds every row's next token in one pass (one token per row: a pass GroupQueryAttention takes
+over rows of different lengths), and a row whose proposal ends drops out of the next rounds. Rows
+that must first catch up on a committed token or two feed them one per pass together; a row alone
+in being behind, or far behind (its first proposal reads the prompt), reads them alone in one pass
+(chunks for a prompt) and joins the next round; an empty row first copies the longest prefix of its
+tokens another row holds (a shared system prompt).
 
 What a row drafts does not depend on the other rows (up to float near-ties between passes of
 different shapes); verification keeps every row's output exact either way.
@@ -25,7 +25,7 @@ import numpy as np
 from specx.runtime.backends.base import GraphSession
 from specx.runtime.backends.ort_session import OrtSession
 from specx.runtime.drafters.base import Proposal, ProposalSteps
-from specx.runtime.kv_cache import BatchKVCache, common_prefix
+from specx.runtime.kv_cache import BatchKVCache
 
 
 def can_share_passes(session: GraphSession) -> bool:
@@ -81,17 +81,10 @@ class DraftRows:
         return logits[0, -1]
 
     def _reuse_prefix(self, row: int, prompt: np.ndarray) -> int:
-        best, donor = 0, -1
-        for other in range(self.cache.rows):
-            held = self.length(other)
-            if other != row and held:
-                shared = common_prefix(self.tokens[other, :held], prompt)
-                if shared > best:
-                    best, donor = shared, other
-        if best < self.SHARED_PREFIX_MIN or not self.cache.copy_prefix(donor, row, best):
-            return 0
-        self.tokens[row, :best] = prompt[:best]
-        return best
+        held = {r: self.tokens[r, : self.length(r)] for r in range(self.cache.rows)}
+        reused = self.cache.reuse_prefix(row, prompt, held, self.SHARED_PREFIX_MIN)
+        self.tokens[row, :reused] = prompt[:reused]
+        return reused
 
     def _round(self, tokens: dict[int, int]) -> tuple[np.ndarray, int]:
         """One pass feeding one token to each row in `tokens` (the rows between sit it out):
