@@ -1,10 +1,12 @@
 """Pass costs of the batched graph against the single-sequence graph, measured.
 
-    .venv/bin/python scripts/batch_costs.py ARTIFACT [--past 100] [--repeats 15]
+    .venv/bin/python scripts/batch_costs.py ARTIFACT [--past 100] [--repeats 15] [--one-token]
 
 For rows B in 1, 2, 4, 8 and pass widths S in 1, 2, 3, 5, the median time of one batched pass
 (every row at `past` cached positions) for batch rows of 128..1024 positions, next to the gqa
-graph's one-sequence pass at the same width. Prints a table (ms); nothing else may run meanwhile.
+graph's one-sequence pass at the same width. With --one-token instead: the one-token pass over
+1, 2, 4, 8 rows (192-position rows) of the target's gqa graph and of every draft model, as the
+shared draft passes run them. Prints a table (ms); nothing else may run meanwhile.
 """
 
 from __future__ import annotations
@@ -29,15 +31,38 @@ def median_ms(fn, repeats: int) -> float:
     return 1000 * statistics.median(times)
 
 
+def one_token_rows(pipe: Pipeline, past: int, repeats: int) -> None:
+    rng = np.random.default_rng(0)
+    graphs = [("target", pipe.target.fork())]
+    graphs += [(d.name, pipe.new_drafter(d.name).session) for d in pipe.manifest.drafts]
+    print(f"one token per row, every row at {past} cached positions; ms, median of {repeats}")
+    for name, session in graphs:
+        cells = []
+        for rows in (1, 2, 4, 8):
+            cache = session.new_batch_cache(rows, 192)
+
+            def run(rows: int = rows, cache=cache, session=session) -> None:
+                cache.lengths[:] = past
+                tokens = rng.integers(0, 1000, (rows, 1))
+                session.forward_rows(tokens, np.ones(rows, dtype=np.int64), cache)
+
+            cells.append(f"{rows} rows {median_ms(run, repeats):.1f}")
+        print(f"{name:>8}: " + ", ".join(cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("artifact")
     parser.add_argument("--past", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--contexts", default="128,256,512,1024")
+    parser.add_argument("--one-token", action="store_true")
     args = parser.parse_args()
     use_global_thread_pool()
     pipe = Pipeline.load(args.artifact)
+    if args.one_token:
+        one_token_rows(pipe, args.past, args.repeats)
+        return
     single = pipe.target.fork()
     batched = pipe.batched_session()
     rng = np.random.default_rng(0)
