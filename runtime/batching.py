@@ -44,6 +44,7 @@ from specx.runtime.drafters.base import (
 from specx.runtime.drafters.shared_passes import DraftRows, RowSteps, can_share_passes
 from specx.runtime.errors import InputError
 from specx.runtime.generate import KPolicy, StepDecision, StepResult, Verifier, make_verifier
+from specx.runtime.kv_cache import common_prefix
 from specx.runtime.sampling import PositionNoise
 from specx.runtime.settings import GenerationSettings
 from specx.runtime.stats import Stats
@@ -94,6 +95,7 @@ class BatchDecoder:
     """Up to `rows` sequences decoding together through one batched graph."""
 
     PREFILL_CHUNK = 64  # prompt tokens a joining row feeds per step
+    PREFILL_BUDGET = 128  # positions (rows x width, padding included) of a step's prefill pass
     SHARED_PREFIX_MIN = 8  # prompt tokens worth copying from another row instead of computing
 
     def __init__(
@@ -117,6 +119,7 @@ class BatchDecoder:
         self.widths = widths or WidthPlanner()  # shared by a pipeline's batches: what passes cost
         self.passes = 0  # passes after prefill
         self.single_passes = 0  # of them, passes of the gqa graph
+        self.prefill_passes = 0  # passes that read prompt chunks
         self.rows_per_pass: list[int] = []  # sequences in each of them
         self._draft_rows: dict[str, DraftRows] = {}  # per draft graph: the rows' draft caches
 
@@ -130,36 +133,83 @@ class BatchDecoder:
         """Whether any row is taken (decoding, or still reading its prompt)."""
         return any(s is not None for s in self._rows)
 
-    def _prefill_chunk(self, s: BatchSequence) -> None:
-        """Feed the next PREFILL_CHUNK prompt tokens of a joining row (all but the last one,
-        which its first step feeds): one chunk per step, so that a long prompt never stalls the
-        rows that decode for longer than a chunk. A prompt prefix another row holds (a shared
-        system prompt) is copied from that row first instead of computed again."""
+    def _prefill(self, joining: list[BatchSequence]) -> None:
+        """Feed the next prompt chunk of the joining rows (each row's prompt but its last token,
+        which its first step feeds), in one pass where several join at once: at most
+        PREFILL_CHUNK tokens of a row and PREFILL_BUDGET padded positions a step, so that a long
+        prompt never stalls the decoding rows for long. A prompt prefix another row holds (a
+        shared system prompt) is copied from that row instead of computed; a row whose prefix
+        an earlier joining row is still computing waits a step for it rather than compute it
+        too."""
         t0 = perf_counter()
-        if s.prefilled == 0:
-            s.prefilled = s.stats.reused_prompt_tokens = self._reuse_prefix(s)
-        end = min(s.prefilled + self.PREFILL_CHUNK, s.n_context - 1)
-        if end > s.prefilled:
-            part = s.context[s.prefilled : end]
-            runner = self.single or self.session
-            runner.forward_rows(part[None], np.array([part.shape[0]]), self.cache, s.row)
-            features = runner.last_features  # [1, chunk, F] where the graph returns features
+        parts: dict[int, tuple[BatchSequence, int, int]] = {}  # row -> (seq, start, end)
+        for i, s in enumerate(joining):
+            if s.prefilled == 0:
+                if any(self._waits_for(s, earlier) for earlier in joining[:i]):
+                    continue
+                s.prefilled = s.stats.reused_prompt_tokens = self._reuse_prefix(s)
+            end = min(s.prefilled + self.PREFILL_CHUNK, s.n_context - 1)
+            rows = [*parts, s.row]
+            width = max([end - s.prefilled] + [e - b for _, b, e in parts.values()])
+            if parts and (max(rows) - min(rows) + 1) * width > self.PREFILL_BUDGET:
+                break
+            parts[s.row] = (s, s.prefilled, end)
+        fed = {row: part for row, part in parts.items() if part[2] > part[1]}
+        if len(fed) == 1 or (fed and not self._feed_together(fed)):
+            for row, part in fed.items():  # one row (the gqa graph's fused pass, where there)
+                self._feed({row: part}, self.single or self.session)
+        for s, _, end in parts.values():
+            s.prefilled = end if end < s.n_context - 1 else -1
+            s.stats.prefill_s += perf_counter() - t0
+            s.decode_start = perf_counter()
+
+    def _waits_for(self, s: BatchSequence, other: BatchSequence) -> bool:
+        """Whether s shares a prompt prefix worth copying with a row still computing it."""
+        if not self._copies_prefixes:
+            return False
+        shared = common_prefix(s.context[: s.n_context - 1], other.context[: other.n_context - 1])
+        return shared >= self.SHARED_PREFIX_MIN and int(self.cache.lengths[other.row]) < shared
+
+    def _feed_together(self, fed: dict[int, tuple[BatchSequence, int, int]]) -> bool:
+        """One batched pass over the rows first .. last of `fed` (rows between them take no
+        token); False if a row in that range lacks the room for the pass."""
+        first, last = min(fed), max(fed)
+        width = max(e - b for _, b, e in fed.values())
+        if int(self.cache.lengths[first : last + 1].max()) + width > self.capacity:
+            return False
+        self._feed(fed, self.session)
+        return True
+
+    def _feed(self, fed: dict[int, tuple[BatchSequence, int, int]], runner: OrtSession) -> None:
+        first, last = min(fed), max(fed)
+        width = max(e - b for _, b, e in fed.values())
+        tokens = np.zeros((last - first + 1, width), dtype=np.int64)  # [rows, width], 0: padding
+        counts = np.zeros(last - first + 1, dtype=np.int64)
+        for row, (s, begin, end) in fed.items():
+            tokens[row - first, : end - begin] = s.context[begin:end]
+            counts[row - first] = end - begin
+        runner.forward_rows(tokens, counts, self.cache, first)
+        self.prefill_passes += 1
+        features = runner.last_features  # [rows, width, F] where the graph returns features
+        for row, (s, begin, end) in fed.items():
             if isinstance(s.drafter, FeatureReader) and features is not None:
                 # (a hybrid is a FeatureReader whether or not its model reads them: a feature
                 # draft left without them says so when it drafts)
-                s.drafter.observe_features(s.prefilled, features[0, : part.shape[0]])
-        s.prefilled = end if end < s.n_context - 1 else -1
-        s.stats.prefill_s += perf_counter() - t0
-        s.decode_start = perf_counter()
+                s.drafter.observe_features(begin, features[row - first, : end - begin])
 
-    def _reuse_prefix(self, s: BatchSequence) -> int:
-        """Copy into s's row the longest prefix of its prompt that another row holds (at least
-        SHARED_PREFIX_MIN tokens); returns its length (0: none). Not where the target returns
-        features: a feature draft needs them for every prompt position."""
+    @property
+    def _copies_prefixes(self) -> bool:
+        """Whether rows copy shared prompt prefixes: not where the target returns features (a
+        feature draft needs them for every prompt position), only in host memory."""
         features = self.session.spec.feature_size or (
             self.single is not None and self.single.spec.feature_size
         )
-        if features:
+        return not features and self.cache.on_host
+
+    def _reuse_prefix(self, s: BatchSequence) -> int:
+        """Copy into s's row the longest prefix of its prompt that another row holds (at least
+        SHARED_PREFIX_MIN tokens); returns its length (0: none)."""
+        if not self._copies_prefixes:
             return 0
         held = {  # a row's cache holds its context up to its length
             o.row: o.context[: int(self.cache.lengths[o.row])] for o in self._rows if o is not None
@@ -237,7 +287,7 @@ class BatchDecoder:
         is joining (if any)."""
         joining = [s for s in self._rows if s is not None and s.prefilled >= 0]
         if joining:
-            self._prefill_chunk(joining[0])
+            self._prefill(joining)
         active = self.active
         if not active:
             return

@@ -184,11 +184,16 @@ class BatchKVCache:
     def buffer_addresses(self) -> tuple[int, ...]:
         return tuple(self._ptrs)
 
+    @property
+    def on_host(self) -> bool:
+        """Whether every buffer is in host memory (numpy can copy between rows)."""
+        return all(isinstance(b, HostBuffer) for b in self._buffers)
+
     def copy_prefix(self, source: int, row: int, length: int) -> bool:
         """Copy positions 0..length-1 of row `source` into row `row` (a prompt prefix the rows
         share: computing it again would give the same keys and values) and set the row's length.
         Host memory only (False elsewhere: the caller computes the prefix instead)."""
-        if not all(isinstance(b, HostBuffer) for b in self._buffers):
+        if not self.on_host:
             return False
         if not 0 < length <= min(int(self.lengths[source]), self.capacity) or source == row:
             raise InputError(f"cannot copy {length} positions of row {source} into row {row}")

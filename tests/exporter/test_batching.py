@@ -557,3 +557,46 @@ def test_rows_sharing_a_prompt_prefix_copy_it_and_decode_as_alone(llama: Any) ->
         ids = pipe.encode_prompt(prompt)
         eos = pipe.manifest.special_tokens.eos_token_ids
         assert_same_or_near_tie(target, ids, result.token_ids, hf_greedy(target, ids, 12, eos))
+
+
+def test_rows_joining_together_read_their_prompts_in_one_pass_after_a_shared_prefix(
+    llama: Any,
+) -> None:
+    """Rows that join in the same step read their prompts in one batched pass; a row whose
+    system prompt an earlier joining row is computing waits one step and copies it."""
+    from specx.runtime.batching import BatchDecoder, single_graph
+    from specx.runtime.generate import FixedK
+    from specx.runtime.stats import Stats
+
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    eos = pipe.manifest.special_tokens.eos_token_ids
+
+    def decoder_with(prompts: list[str]) -> tuple[BatchDecoder, list[Any]]:
+        decoder = BatchDecoder(pipe.batched_session().fork(), 3, 128, eos, single_graph(pipe))
+        seqs = [
+            decoder.add(_ids(pipe, p), pipe_settings(max_new_tokens=6), FixedK(0), None, Stats())
+            for p in prompts
+        ]
+        return decoder, seqs
+
+    decoder, seqs = decoder_with(PROMPTS[:3])  # nothing shared: all three in the first pass
+    decoder.step()
+    assert decoder.prefill_passes == 1 and all(s.prefilled == -1 for s in seqs)
+    assert decoder.rows_per_pass == [3]
+    decoder.run()
+    for prompt, s in zip(PROMPTS[:3], seqs, strict=True):
+        assert s.tokens == pipe.generate(prompt, max_new_tokens=6, k=0).token_ids
+
+    system = "You are a careful assistant. "
+    prompts = [system + p for p in PROMPTS[:3]]
+    decoder, seqs = decoder_with(prompts)
+    decoder.step()  # the first row reads its prompt; the others wait for its system prompt
+    assert decoder.prefill_passes == 1 and [s.prefilled for s in seqs] == [-1, 0, 0]
+    decoder.step()  # the other two copy it and read the rest together
+    assert decoder.prefill_passes == 2 and decoder.rows_per_pass == [1, 3]
+    shared = len(pipe.encode_prompt(system)) - 2  # tokens at the seam may merge
+    assert min(s.stats.reused_prompt_tokens for s in seqs[1:]) >= shared > 8
+    decoder.run()
+    for prompt, s in zip(prompts, seqs, strict=True):
+        assert s.tokens == pipe.generate(prompt, max_new_tokens=6, k=0).token_ids
