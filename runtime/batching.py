@@ -14,9 +14,10 @@ generate.py done for all rows at once:
     commit    each row's length is set to what it kept; its drafter is told
 
 A sequence's prompt is read into its row one chunk per step (a long prompt never stalls the
-others for longer than a chunk), then it decodes with them, and it leaves at its own stop; the
-others never wait for it. What a sequence produces depends only on its own prompt, settings and
-seed, not on what shares its batch (up to float near-ties between differently shaped passes).
+others for longer than a chunk; rows joining in the same step read theirs in one pass), then it
+decodes with them, and it leaves at its own stop; the others never wait for it. What a sequence
+produces depends only on its own prompt, settings and seed, not on what shares its batch (up to
+float near-ties between differently shaped passes).
 """
 
 from __future__ import annotations
@@ -140,7 +141,8 @@ class BatchDecoder:
         prompt never stalls the decoding rows for long. A prompt prefix another row holds (a
         shared system prompt) is copied from that row instead of computed; a row whose prefix
         an earlier joining row is still computing waits a step for it rather than compute it
-        too."""
+        too, and that row reads only up to the prefix they share, so that in the next step they
+        all read the rest of their prompts in one pass."""
         t0 = perf_counter()
         parts: dict[int, tuple[BatchSequence, int, int]] = {}  # row -> (seq, start, end)
         for i, s in enumerate(joining):
@@ -149,6 +151,10 @@ class BatchDecoder:
                     continue
                 s.prefilled = s.stats.reused_prompt_tokens = self._reuse_prefix(s)
             end = min(s.prefilled + self.PREFILL_CHUNK, s.n_context - 1)
+            # rows waiting for a prefix s computes: s stops there, they join its next chunk
+            waiting = [self._waits_for(later, s) for later in joining[i + 1 :]]
+            shared = [c for c in waiting if c and s.prefilled < c < end]
+            end = max(shared, default=end)
             rows = [*parts, s.row]
             width = max([end - s.prefilled] + [e - b for _, b, e in parts.values()])
             if parts and (max(rows) - min(rows) + 1) * width > self.PREFILL_BUDGET:
@@ -163,12 +169,25 @@ class BatchDecoder:
             s.stats.prefill_s += perf_counter() - t0
             s.decode_start = perf_counter()
 
-    def _waits_for(self, s: BatchSequence, other: BatchSequence) -> bool:
-        """Whether s shares a prompt prefix worth copying with a row still computing it."""
+    def _waits_for(self, s: BatchSequence, other: BatchSequence) -> int:
+        """The prompt prefix s shares with a row still computing it, if worth copying and longer
+        than any row holds now (0: s need not wait for `other`)."""
         if not self._copies_prefixes:
-            return False
-        shared = common_prefix(s.context[: s.n_context - 1], other.context[: other.n_context - 1])
-        return shared >= self.SHARED_PREFIX_MIN and int(self.cache.lengths[other.row]) < shared
+            return 0
+        prompt = s.context[: s.n_context - 1]
+        shared = common_prefix(prompt, other.context[: other.n_context - 1])
+        if shared < self.SHARED_PREFIX_MIN or int(self.cache.lengths[other.row]) >= shared:
+            return 0
+        held = max(common_prefix(tokens, prompt) for tokens in self._held(s.row).values())
+        return shared if shared > held else 0
+
+    def _held(self, row: int) -> dict[int, np.ndarray]:
+        """Every other row -> the tokens its cache holds (its context up to its length)."""
+        return {
+            o.row: o.context[: int(self.cache.lengths[o.row])]
+            for o in self._rows
+            if o is not None and o.row != row
+        }
 
     def _feed_together(self, fed: dict[int, tuple[BatchSequence, int, int]]) -> bool:
         """One batched pass over the rows first .. last of `fed` (rows between them take no
@@ -211,11 +230,8 @@ class BatchDecoder:
         SHARED_PREFIX_MIN tokens); returns its length (0: none)."""
         if not self._copies_prefixes:
             return 0
-        held = {  # a row's cache holds its context up to its length
-            o.row: o.context[: int(self.cache.lengths[o.row])] for o in self._rows if o is not None
-        }
         prompt = s.context[: s.n_context - 1]  # what the prefill feeds
-        return self.cache.reuse_prefix(s.row, prompt, held, self.SHARED_PREFIX_MIN)
+        return self.cache.reuse_prefix(s.row, prompt, self._held(s.row), self.SHARED_PREFIX_MIN)
 
     @property
     def draft_rows(self) -> list[DraftRows]:

@@ -3,10 +3,10 @@
 ``Pipeline.enable_batching(max_batch, context)`` starts a ``BatchScheduler``. From then on each
 ``Pipeline.stream`` whose prompt plus new tokens fit the batch rows is submitted here instead of
 running on its own workspace: the scheduler thread admits it into a free row of one
-``BatchDecoder`` (its prompt read a chunk per step), steps all rows together, and hands each
-generation its tokens through a queue. A generation whose consumer stops early is cancelled at
-the next step and its row freed; nothing else waits for it. Requests beyond the free rows wait
-in arrival order.
+``BatchDecoder`` (its prompt read a chunk per step, in one pass with the rows joining in the same
+step), steps all rows together, and hands each generation its tokens through a queue. A
+generation whose consumer stops early is cancelled at the next step and its row freed; nothing
+else waits for it. Requests beyond the free rows wait in arrival order.
 """
 
 from __future__ import annotations

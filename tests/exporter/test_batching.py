@@ -562,8 +562,8 @@ def test_rows_sharing_a_prompt_prefix_copy_it_and_decode_as_alone(llama: Any) ->
 def test_rows_joining_together_read_their_prompts_in_one_pass_after_a_shared_prefix(
     llama: Any,
 ) -> None:
-    """Rows that join in the same step read their prompts in one batched pass; a row whose
-    system prompt an earlier joining row is computing waits one step and copies it."""
+    """Rows that join in the same step read their prompts in one batched pass; rows sharing a
+    system prompt let the first compute it alone, then copy it and read the rest together."""
     from specx.runtime.batching import BatchDecoder, single_graph
     from specx.runtime.generate import FixedK
     from specx.runtime.stats import Stats
@@ -591,12 +591,28 @@ def test_rows_joining_together_read_their_prompts_in_one_pass_after_a_shared_pre
     system = "You are a careful assistant. "
     prompts = [system + p for p in PROMPTS[:3]]
     decoder, seqs = decoder_with(prompts)
-    decoder.step()  # the first row reads its prompt; the others wait for its system prompt
-    assert decoder.prefill_passes == 1 and [s.prefilled for s in seqs] == [-1, 0, 0]
-    decoder.step()  # the other two copy it and read the rest together
-    assert decoder.prefill_passes == 2 and decoder.rows_per_pass == [1, 3]
+    decoder.step()  # the first row reads the system prompt only; the others wait for it
     shared = len(pipe.encode_prompt(system)) - 2  # tokens at the seam may merge
+    assert decoder.prefill_passes == 1 and decoder.rows_per_pass == []
+    assert seqs[0].prefilled >= shared and [s.prefilled for s in seqs[1:]] == [0, 0]
+    decoder.step()  # the other two copy it, and all three read the rest of their prompts
+    assert decoder.prefill_passes == 2 and decoder.rows_per_pass == [3]
     assert min(s.stats.reused_prompt_tokens for s in seqs[1:]) >= shared > 8
     decoder.run()
     for prompt, s in zip(prompts, seqs, strict=True):
+        assert s.tokens == pipe.generate(prompt, max_new_tokens=6, k=0).token_ids
+
+    # rows joining while another row holds the system prompt both copy it at once
+    decoder, seqs = decoder_with(prompts[:1])
+    decoder.step()
+    late = [system + p for p in PROMPTS[3:5]]
+    seqs += [
+        decoder.add(_ids(pipe, p), pipe_settings(max_new_tokens=6), FixedK(0), None, Stats())
+        for p in late
+    ]
+    decoder.step()
+    assert decoder.prefill_passes == 2 and all(s.prefilled == -1 for s in seqs)
+    assert min(s.stats.reused_prompt_tokens for s in seqs[1:]) >= shared
+    decoder.run()
+    for prompt, s in zip(prompts[:1] + late, seqs, strict=True):
         assert s.tokens == pipe.generate(prompt, max_new_tokens=6, k=0).token_ids
