@@ -1,7 +1,8 @@
 """`specx bench --concurrency`: throughput and latency as concurrent requests share the target.
 
 For each concurrency c and each mode (speculation off, each fixed K, -k auto) c requests start
-together and run as one continuous batch (Pipeline.generate_batch on the batched graph). Measured:
+together and run as one continuous batch (Pipeline.generate_batch on the batched graph), batch
+after batch until every prompt ran (together_batches). Measured:
 aggregate tokens/s (all tokens over the wall time), each request's latency (start to last token)
 and time to first token. "alone" is one request at a time on the single-sequence graph
 (Pipeline.generate), the way `specx run` serves it: the baseline every ratio is taken against.
@@ -98,10 +99,18 @@ def run_concurrency(
             for c in concurrencies:
                 done += 1
                 progress(f"[{done}/{total}] repeat {repeat + 1} {c} together {mode['name']}")
-                batch = [prompts[(repeat + j) % len(prompts)] for j in range(c)]
                 cell = raw.setdefault(f"{mode['name']}|{c}", {"runs": []})
-                cell["runs"].append(_together(pipe, batch, settings))
+                for batch in together_batches(len(prompts), c, repeat):
+                    cell["runs"].append(_together(pipe, [prompts[i] for i in batch], settings))
     return {"rows": _summarize(raw, modes, concurrencies), "max_new_tokens": max_new}
+
+
+def together_batches(n_prompts: int, c: int, repeat: int) -> list[list[int]]:
+    """The batches of c requests a repeat runs: as many as it takes for every prompt to be in
+    one (the last batch wraps around), so that each concurrency is measured on every prompt, as
+    "alone" is; the starting prompt turns with the repeat."""
+    batches = -(-n_prompts // c)
+    return [[(repeat + b * c + j) % n_prompts for j in range(c)] for b in range(batches)]
 
 
 def _summarize(

@@ -616,3 +616,37 @@ def test_rows_joining_together_read_their_prompts_in_one_pass_after_a_shared_pre
     decoder.run()
     for prompt, s in zip(prompts[:1] + late, seqs, strict=True):
         assert s.tokens == pipe.generate(prompt, max_new_tokens=6, k=0).token_ids
+
+
+def test_the_concurrency_bench_runs_every_prompt_at_every_concurrency(
+    llama: Any, monkeypatch: Any
+) -> None:
+    import specx.apps.bench.concurrency as bench
+
+    assert bench.together_batches(5, 2, 1) == [[1, 2], [3, 4], [0, 1]]
+    assert bench.together_batches(5, 8, 0) == [[0, 1, 2, 3, 4, 0, 1, 2]]
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    prompts = [_ids(pipe, p) for p in PROMPTS[:3]]
+    ran: dict[int, list[int]] = {}
+    together = bench._together
+
+    def counted(pipe: Any, batch: list[np.ndarray], settings: Any) -> Any:
+        ids = [next(i for i, p in enumerate(prompts) if p is q) for q in batch]
+        ran.setdefault(len(batch), []).extend(ids)
+        return together(pipe, batch, settings)
+
+    monkeypatch.setattr(bench, "_together", counted)
+    modes = bench.concurrency_modes("mixed", (2,), auto=True)
+    results = bench.run_concurrency(pipe, prompts, (1, 2), modes, 4, 1, lambda _m: None)
+    for c in (1, 2):  # each of the 3 modes ran every prompt, in ceil(3 / c) batches of c
+        assert sorted(set(ran[c])) == [0, 1, 2] and len(ran[c]) == 3 * -(-3 // c) * c
+    rows = results["rows"]
+    assert [(r["mode"], r["concurrency"]) for r in rows[:3]] == [
+        ("off", "alone"),
+        ("off", 1),
+        ("off", 2),
+    ]
+    assert all(r["tokens_per_s"] > 0 and r["latency_s"] > 0 for r in rows)
+    assert all(r["x_alone"] == 1.0 for r in rows if r["concurrency"] == "alone")
+    assert "mixed K=auto" in bench.format_concurrency(results)
