@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from specx.runtime.adaptive import AdaptiveK
 from specx.runtime.drafters.base import MODEL, NONE
 
@@ -33,6 +31,10 @@ class WidthPlanner:
     """
 
     PER_TOKEN = 0.04
+    # a catch-up token read by a draft model, as a share of a one-row one-token target pass,
+    # until measured (int8 SmolLM2 on 2 cores: about 1 ms against a 30 ms target pass)
+    CATCHUP_PRIOR = 0.05
+    CATCHUP_MEASURED = 16  # tokens a catch-up must read to measure the cost of one
     # a draft model's pass, as a share of a one-row one-token target pass, until measured
     # (the int8/int4 drafts of SmolLM2 measured 0.36-0.58: docs/bench/measurements.md)
     DRAFT_PRIOR = 0.5
@@ -41,6 +43,7 @@ class WidthPlanner:
         self.decay = decay
         self.cost_s: dict[tuple[int, int], float] = {}  # (rows, width) -> a verify pass
         self.draft_cost_s: dict[tuple[int, int], float] = {}  # (rows, K) -> shared drafting
+        self.catchup_token_s: float | None = None  # a token a draft row reads to catch up
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         old = self.cost_s.get((rows, width))
@@ -78,49 +81,106 @@ class WidthPlanner:
         if (rows, k) in self.draft_cost_s:
             return self.draft_cost_s[(rows, k)]
         if self.draft_cost_s:
-            (_, kk), t = min(
+            (r, kk), t = min(
                 self.draft_cost_s.items(), key=lambda c: (abs(c[0][0] - rows), abs(c[0][1] - k))
             )
-            return t * k / kk
+            # more rows: each pass grows as a target pass over as many rows does
+            scale = 1.0
+            if r != rows and (wide := self.pass_s(rows, 1)) and (narrow := self.pass_s(r, 1)):
+                scale = wide / narrow
+            return t * k / kk * scale
         target = self.pass_s(rows, 1)
         return k * self.DRAFT_PRIOR * (target if target is not None else one_token_s)
 
+    def observe_catchup(self, tokens: int, seconds: float) -> None:
+        """Shared draft rows read `tokens` committed tokens they lacked, alone, in `seconds`
+        (a prompt, or the steps a row did not draft): taken as the cost of a token read among
+        many only from long reads, where a pass's fixed cost is spread thin."""
+        if tokens >= self.CATCHUP_MEASURED:
+            per_token = seconds / tokens
+            old = self.catchup_token_s
+            self.catchup_token_s = (
+                per_token if old is None else self.decay * old + (1 - self.decay) * per_token
+            )
+
+    def catchup_s(self, s: BatchSequence, one_token_s: float, tokens_per_step: float) -> float:
+        """What drafting costs a row first, beyond its usual passes: the committed tokens its
+        draft row lacks beyond the one or two a step feeds (after steps it did not draft with
+        the model). Spread over the steps the row has left (its remaining tokens at
+        `tokens_per_step`): once caught up, it drafts on without it. Not the first proposal's
+        read of the prompt, which every row pays once, as alone."""
+        if not s.shares_draft or s.draft_rows is None or s.draft_rows.length(s.row) == 0:
+            return 0.0
+        extra = s.n_context - s.draft_rows.length(s.row) - 1 - s.draft_rows.CATCHUP_SHARED
+        if extra <= 0:
+            return 0.0
+        per_token = self.catchup_token_s
+        whole = extra * (self.CATCHUP_PRIOR * one_token_s if per_token is None else per_token)
+        remaining = s.settings.max_new_tokens - s.stats.new_tokens
+        return whole / max(1.0, remaining / max(1.0, tokens_per_step))
+
     def plan(self, active: list[BatchSequence], rows: int) -> None:
-        adaptive = [s for s in active if isinstance(s.policy, AdaptiveK)]
+        adaptive = [s for s in active if isinstance(s.policy, AdaptiveK) and s.source != NONE]
+        for s in active:
+            if isinstance(s.policy, AdaptiveK) and s.source == NONE:
+                s.k = 0  # nothing to draft from
         one_token_s = self.pass_s(1, 1)
         if not adaptive or one_token_s is None:
             return
-        fixed = [s for s in active if s not in adaptive]
+        fixed = [s for s in active if not isinstance(s.policy, AdaptiveK)]
         fixed_width = 1 + max((s.k for s in fixed), default=0)
-        # rows drafting in shared passes: their drafting costs the longest of them, once
-        shared_rows = sum(s.shares_draft for s in active)
-        shared_fixed_k = max((s.k for s in fixed if s.shares_draft), default=0)
+        fixed_shared = [s for s in fixed if s.shares_draft and s.k > 0]
         widest = 1 + max(s.k_limit for s in adaptive)
-        tokens_at = np.zeros(widest)  # [width] expected tokens of the adaptive rows
-        draft_at = np.zeros(widest)  # [width] their drafting, seconds
-        shared_k_at = np.full(widest, shared_fixed_k)  # [width] the shared drafting's longest K
-        for s in adaptive:
-            policy = s.policy
-            assert isinstance(policy, AdaptiveK)
-            limit = s.k_limit if s.source != NONE else 0
-            expected = policy.expected_tokens(s.source) if limit else [1.0]
+        options = [self._options(s, widest, one_token_s) for s in adaptive]
+
+        base_tokens = float(len(active) - len(adaptive))  # rows that yield at least their one
+
+        def rate(w: int, drafting: set[int]) -> float:
+            tokens, draft_s = base_tokens, 0.0
+            shared_k = max((s.k for s in fixed_shared), default=0)
+            shared_rows, width = len(fixed_shared), fixed_width
+            for i, (s, (expected, own_s)) in enumerate(zip(adaptive, options, strict=True)):
+                k = min(s.k_limit, w - 1) if i in drafting else 0
+                tokens += expected[k]
+                width = max(width, k + 1)
+                if k and s.shares_draft:
+                    shared_k, shared_rows = max(shared_k, k), shared_rows + 1
+                draft_s += own_s[k]
+            draft_s += self.shared_draft_s(shared_rows, shared_k, one_token_s) if shared_rows else 0
+            pass_s = self.pass_s(rows, width)
+            assert pass_s is not None
+            return tokens / (draft_s + pass_s)
+
+        best_w, best_rate, best_drafting = 1, -1.0, set()
+        for w in range(1, widest + 1):
+            # every row drafts up to w - 1, but for those whose drafting costs the batch more
+            # than it brings (dropped one at a time, the worst first)
+            drafting = set(range(len(adaptive)))
+            current = rate(w, drafting)
+            while drafting:
+                gain, worst = max((rate(w, drafting - {i}), i) for i in drafting)
+                if gain <= current:
+                    break
+                current = gain
+                drafting.discard(worst)
+            if current > best_rate:
+                best_w, best_rate, best_drafting = w, current, drafting
+        for i, s in enumerate(adaptive):
+            s.k = min(s.k_limit, best_w - 1) if i in best_drafting else 0
+
+    def _options(
+        self, s: BatchSequence, widest: int, one_token_s: float
+    ) -> tuple[list[float], list[float]]:
+        """A -k auto row's expected tokens and its own drafting seconds at K = 0 .. widest - 1
+        (own: what it does not share with other rows; a catch-up is its own)."""
+        policy = s.policy
+        assert isinstance(policy, AdaptiveK)
+        limit = min(s.k_limit, widest - 1)
+        expected = policy.expected_tokens(s.source)[: limit + 1] if limit else [1.0]
+        if s.shares_draft:
+            own = [0.0] + [self.catchup_s(s, one_token_s, expected[k]) for k in range(1, limit + 1)]
+        else:
             measured = [policy.draft_cost_s(k, s.source) for k in range(limit + 1)]
             guess = self.DRAFT_PRIOR * one_token_s if s.source == MODEL else 0.0
-            costs = [k * guess if c is None else c for k, c in enumerate(measured)]
-            for w in range(1, widest + 1):
-                k = min(limit, w - 1)
-                tokens_at[w - 1] += expected[k]
-                if s.shares_draft:
-                    shared_k_at[w - 1] = max(shared_k_at[w - 1], k)
-                else:
-                    draft_at[w - 1] += costs[k]
-        best_w, best_rate = 1, -1.0
-        for w in range(1, widest + 1):
-            pass_s = self.pass_s(rows, max(w, fixed_width))
-            assert pass_s is not None
-            shared_s = self.shared_draft_s(shared_rows, int(shared_k_at[w - 1]), one_token_s)
-            rate = tokens_at[w - 1] / (draft_at[w - 1] + shared_s + pass_s)
-            if rate > best_rate:
-                best_w, best_rate = w, rate
-        for s in adaptive:
-            s.k = min(s.k_limit, best_w - 1) if s.source != NONE else 0
+            own = [k * guess if c is None else c for k, c in enumerate(measured)]
+        return expected, own

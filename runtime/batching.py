@@ -399,7 +399,9 @@ class BatchDecoder:
                 jobs.append(RowSteps(s.row, steps))
             proposals = rows.propose(jobs)
             seconds = perf_counter() - t0
-            if not rows.caught_up:  # a row's first proposal read its prompt: not a usual cost
+            if rows.caught_up:  # a row read its prompt, or steps it missed: not a usual cost
+                self.widths.observe_catchup(rows.caught_up, rows.caught_up_s)
+            else:
                 self.widths.observe_draft(len(group), max(s.k for s in group), seconds)
             for s in group:
                 s.proposal = proposals[s.row]

@@ -19,6 +19,7 @@ different shapes); verification keeps every row's output exact either way.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from time import perf_counter
 
 import numpy as np
 
@@ -53,8 +54,10 @@ class DraftRows:
         # [rows, capacity] the tokens each row's cache holds (positions 0 .. length - 1)
         self.tokens = np.zeros((rows, capacity), dtype=np.int64)
         self.passes = 0  # shared rounds run (one pass each)
-        # tokens of long catch-ups (a prompt) the last propose read alone: not a usual step's cost
+        # tokens of long catch-ups (a prompt) the last propose read alone: not a usual step's
+        # cost; and the seconds they took
         self.caught_up = 0
+        self.caught_up_s = 0.0
 
     def length(self, row: int) -> int:
         return int(self.cache.lengths[row])
@@ -112,7 +115,7 @@ class DraftRows:
         done: dict[int, Proposal] = {}
         pending: dict[int, np.ndarray] = {}  # row -> the tokens its next pass feeds
         steps = {job.row: job.steps for job in jobs}
-        self.caught_up = 0
+        self.caught_up, self.caught_up_s = 0, 0.0
 
         def advance(row: int, logits: np.ndarray | None) -> None:
             """The row's next step: its first tokens (logits None), or after this pass."""
@@ -129,9 +132,12 @@ class DraftRows:
             for row in behind:
                 if len(short) < 2 or row not in short:
                     tokens = pending.pop(row)
+                    t0 = perf_counter()
+                    logits = self.feed(row, tokens)
                     if row not in short:  # a prompt's worth: not what a usual step costs
                         self.caught_up += int(tokens.shape[0]) - 1
-                    advance(row, self.feed(row, tokens))  # at once: the next pass reuses it
+                        self.caught_up_s += perf_counter() - t0
+                    advance(row, logits)  # at once: the next pass reuses it
             while lagging := {row: t for row, t in pending.items() if t.shape[0] > 1}:
                 self._round({row: int(t[0]) for row, t in lagging.items()})
                 pending.update({row: t[1:] for row, t in lagging.items()})

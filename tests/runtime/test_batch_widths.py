@@ -109,3 +109,44 @@ def test_rows_with_a_fixed_k_keep_it_and_set_the_least_width() -> None:
     assert fixed.k == 3
     # the pass is 4 wide anyway: the adaptive row may use the width for free
     assert adaptive.k == 3
+
+
+def test_a_row_whose_drafting_costs_the_batch_more_than_it_brings_is_left_out() -> None:
+    """Three rows draft for free from a lookup that agrees; a fourth drafts alone with a model
+    at 30 ms a token: the three draft, the fourth does not hold them up."""
+    widths = planner(0.040, 0.05, rows=4)
+    rows = [row(r, KnownPolicy(0.9, 0.0), LOOKUP) for r in range(3)]
+    rows.append(row(3, KnownPolicy(0.5, 0.030), MODEL))
+    widths.plan(rows, 4)
+    assert [s.k for s in rows] == [4, 4, 4, 0]
+
+
+class LaggingDraft:
+    """A shared draft row `lag` committed tokens behind (what the planner reads of DraftRows)."""
+
+    CATCHUP_SHARED = 1
+
+    def __init__(self, length: int) -> None:
+        self._length = length
+
+    def length(self, row: int) -> int:
+        return self._length
+
+
+def test_a_draft_row_far_behind_is_charged_its_catch_up_spread_over_the_steps_left() -> None:
+    widths = planner(0.040, 0.05, rows=1)
+    widths.observe_catchup(40, 0.080)  # 2 ms a token read among many
+    widths.observe_catchup(3, 0.030)  # a short read is mostly a pass's fixed cost: not taken
+    assert widths.catchup_token_s == 0.002
+    s = row(0, KnownPolicy(0.8, 0.0), MODEL, shares=True)
+    s.context = np.zeros(256, dtype=np.int64)
+    s.n_context, s.settings = 200, GenerationSettings(max_new_tokens=100)
+    s.draft_rows = LaggingDraft(100)  # type: ignore[assignment]
+    # 100 tokens behind: 98 beyond what a step feeds, 196 ms, over 100 tokens left at 2 a step
+    assert np.isclose(widths.catchup_s(s, 0.040, 2.0), 0.196 / 50)
+    s.stats.new_tokens = 99  # one token left: the whole catch-up for one step
+    assert np.isclose(widths.catchup_s(s, 0.040, 2.0), 0.196)
+    s.draft_rows = LaggingDraft(198)  # one token behind, as every step: nothing extra
+    assert widths.catchup_s(s, 0.040, 2.0) == 0.0
+    s.draft_rows = LaggingDraft(0)  # its first proposal reads the prompt, as alone
+    assert widths.catchup_s(s, 0.040, 2.0) == 0.0
