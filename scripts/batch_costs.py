@@ -1,12 +1,15 @@
 """Pass costs of the batched graph against the single-sequence graph, measured.
 
     .venv/bin/python scripts/batch_costs.py ARTIFACT [--past 100] [--repeats 15] [--one-token]
+    .venv/bin/python scripts/batch_costs.py ARTIFACT --prefill [--repeats 12]
 
 For rows B in 1, 2, 4, 8 and pass widths S in 1, 2, 3, 5, the median time of one batched pass
 (every row at `past` cached positions) for batch rows of 128..1024 positions, next to the gqa
 graph's one-sequence pass at the same width. With --one-token instead: the one-token pass over
 1, 2, 4, 8 rows (192-position rows) of the target's gqa graph and of every draft model, as the
-shared draft passes run them. Prints a table (ms); nothing else may run meanwhile.
+shared draft passes run them. With --prefill: three joining rows reading 21 prompt tokens each
+after a 24-token shared prefix, in one batched pass against three passes of the gqa graph
+(interleaved). Prints a table (ms); nothing else may run meanwhile.
 """
 
 from __future__ import annotations
@@ -50,6 +53,32 @@ def one_token_rows(pipe: Pipeline, past: int, repeats: int) -> None:
         print(f"{name:>8}: " + ", ".join(cells))
 
 
+def joining_rows(pipe: Pipeline, repeats: int, rows: int = 3, tokens: int = 21) -> None:
+    single, batched = pipe.target.fork(), pipe.batched_session()
+    rng = np.random.default_rng(0)
+    cache = batched.new_batch_cache(rows, 128)
+    ones = np.array([tokens])
+
+    def apart() -> None:
+        for row in range(rows):
+            cache.lengths[row] = 24
+            single.forward_rows(rng.integers(0, 1000, (1, tokens)), ones, cache, row)
+
+    def together() -> None:
+        cache.lengths[:] = 24
+        batched.forward_rows(rng.integers(0, 1000, (rows, tokens)), np.full(rows, tokens), cache)
+
+    times: dict[str, list[float]] = {"one batched pass": [], f"{rows} gqa passes": []}
+    for _ in range(repeats):  # interleaved, so that drift hits both alike
+        for name, fn in zip(times, (together, apart), strict=True):
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(1000 * (time.perf_counter() - t0))
+    print(f"{rows} joining rows x {tokens} prompt tokens after 24 cached; ms, median of {repeats}")
+    for name, values in times.items():
+        print(f"{name:>18}: {statistics.median(values):.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("artifact")
@@ -57,11 +86,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--contexts", default="128,256,512,1024")
     parser.add_argument("--one-token", action="store_true")
+    parser.add_argument("--prefill", action="store_true")
     args = parser.parse_args()
     use_global_thread_pool()
     pipe = Pipeline.load(args.artifact)
     if args.one_token:
         one_token_rows(pipe, args.past, args.repeats)
+        return
+    if args.prefill:
+        joining_rows(pipe, args.repeats)
         return
     single = pipe.target.fork()
     batched = pipe.batched_session()
