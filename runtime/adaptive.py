@@ -8,7 +8,8 @@ from decayed counts, and multiplies them. The cost of a step is drafting K token
 target pass over K + 1 tokens, each as measured at that K (shrunk toward a cost per token, and a
 line through all widths, where few were measured): neither is proportional to K. The policy takes
 the K in 0..max_k with the most expected tokens per second, tries a neighbouring K now and then to
-keep the estimates honest, and probes K = 2 after a run of K = 0.
+keep the estimates honest, and probes K = 2 after a run of K = 0 (runs twice as long after
+each probe that changes nothing, up to PROBE_MOST steps).
 
 Acceptance and drafting cost are kept per *source*: the drafter says before each step where its
 proposal will come from (a hybrid drafter: a free n-gram lookup, or a draft-model pass per token).
@@ -55,6 +56,10 @@ class SourceEstimate:
     confidence_seen: bool = False
     steps: int = 0
     zero_streak: int = 0
+    # K = 0 steps before the next probe: doubles each time a probe leaves the estimates still
+    # choosing K = 0 (an idle draft model costs nothing; a probe costs drafting and catch-up)
+    probe_after: int = 0
+    probing: bool = False  # the last step of this source was a probe
 
     def __post_init__(self) -> None:
         self.reached += [0.0] * (self.max_k - len(self.reached))
@@ -82,6 +87,8 @@ class SourceEstimate:
             [keep * a for a in self.confidence_accepted],
             self.confidence_seen,
             1 if self.steps else 0,
+            0,
+            self.probe_after,
         )
 
     def accept_given_confidence(self, top: float, prior_weight: float) -> float:
@@ -97,6 +104,9 @@ def _take_all(position: int, top: float) -> tuple[bool, bool]:
 
 
 class AdaptiveK:
+    PROBE_MOST = 64  # the longest run of K = 0 steps between probes
+    HOLD = 0.95  # keep K = 1 while it is expected within this share of K = 0's rate
+
     def __init__(
         self,
         max_k: int = 8,
@@ -213,17 +223,26 @@ class AdaptiveK:
         est = self._estimate(source)
         if est.steps == 0:
             k = self.start_k
-        elif est.zero_streak >= self.probe_every:
+        elif est.zero_streak >= max(self.probe_every, est.probe_after):
             k = min(2, self.max_k)  # a probe: has the drafter started to agree again?
+            est.probing = True
         else:
             rates = self.expected_rates(source)
             k = max(range(self.max_k + 1), key=rates.__getitem__)
-            if k == 0 and rates[1] >= 0.95 * rates[0]:
+            if k == 0 and rates[1] >= self.HOLD * rates[0]:
                 k = 1  # hysteresis: leaving the drafter idle makes it catch up later
             if est.steps % self.explore_every == 0 and k > 0:
                 k = min(self.max_k, k + 1)  # look one further: is the next position worth it?
             if k > 0 and est.confidence_seen and self.token_s is not None:
                 k = self.max_k  # the draft's confidence decides, token by token (see plan)
+            if est.probing:  # the step after a probe: did it change the decision?
+                est.probing = False
+                if k == 0:  # no: probe half as often
+                    est.probe_after = min(
+                        self.PROBE_MOST, 2 * max(self.probe_every, est.probe_after)
+                    )
+                else:
+                    est.probe_after = self.probe_every
         return k
 
     def plan(self, source: str = DEFAULT_SOURCE) -> DraftPlan:

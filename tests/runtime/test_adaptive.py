@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,28 @@ def test_adaptive_k_shrinks_on_an_all_reject_streak_and_probes_again() -> None:
         policy.observe(step(k, 0, draft_s=0.02, verify_s=0.03))
     assert 0 in ks[5:] and ks[20:].count(0) >= 12  # mostly the target alone
     assert 2 in ks[20:]  # a probe after a run of K = 0
+
+
+def test_adaptive_k_probes_half_as_often_after_each_probe_that_fails_and_resets_on_success() -> (
+    None
+):
+    policy = AdaptiveK(max_k=4, start_k=2, probe_every=4)
+    policy.PROBE_MOST = 16
+    ks = []
+    for _ in range(120):
+        k = policy.decide(MODEL).k
+        ks.append(k)
+        policy.observe(step(k, 0, draft_s=0.02, verify_s=0.03))  # nothing is ever accepted
+    probes = [i for i, k in enumerate(ks) if k > 0]
+    gaps = [b - a - 1 for a, b in itertools.pairwise(probes)]
+    assert gaps[:4] == [4, 8, 16, 16], ks  # K = 0 steps between probes: doubling, at most 16
+    assert set(gaps[4:]) == {16}
+    # a drafter that starts to agree: a probe that pays brings K back and the short gap with it
+    for _ in range(60):
+        k = policy.decide(MODEL).k
+        policy.observe(step(k, k, draft_s=0.002, verify_s=0.03))
+    assert policy.decide(MODEL).k > 0
+    assert policy.sources[MODEL].probe_after == policy.probe_every
 
 
 def test_adaptive_k_prefers_small_k_for_an_expensive_draft() -> None:
