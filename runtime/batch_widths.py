@@ -38,12 +38,23 @@ class WidthPlanner:
     # a draft model's pass, as a share of a one-row one-token target pass, until measured
     # (the int8/int4 drafts of SmolLM2 measured 0.36-0.58: docs/bench/measurements.md)
     DRAFT_PRIOR = 0.5
+    # steps of evidence before a kind of step's realized rate counts as much as the estimate
+    OUTCOME_PRIOR = 16.0
+    OUTCOME_DECAY = 0.98  # per step of that kind
 
     def __init__(self, decay: float = 0.9) -> None:
         self.decay = decay
         self.cost_s: dict[tuple[int, int], float] = {}  # (rows, width) -> a verify pass
         self.draft_cost_s: dict[tuple[int, int], float] = {}  # (rows, K) -> shared drafting
         self.catchup_token_s: float | None = None  # a token a draft row reads to catch up
+        # (rows, whether any row drafted) -> decayed sums over such steps of what the plan
+        # expected and what the step gave: [steps, expected tokens, expected seconds, tokens,
+        # seconds]. A step's seconds are its wall time (bookkeeping, catch-ups and the rest of
+        # what the estimates leave out); drafting is chosen where it is expected to win, so its
+        # expected rate is biased upward (the winner's curse): both are corrected by what such
+        # steps gave.
+        self.outcomes: dict[tuple[int, bool], list[float]] = {}
+        self.expected: tuple[int, bool, float, float] | None = None  # the last plan's
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         old = self.cost_s.get((rows, width))
@@ -119,7 +130,31 @@ class WidthPlanner:
         remaining = s.settings.max_new_tokens - s.stats.new_tokens
         return whole / max(1.0, remaining / max(1.0, tokens_per_step))
 
+    def observe_step(self, tokens: int, seconds: float) -> None:
+        """What the step planned last gave: `tokens` committed in `seconds` of wall time."""
+        if self.expected is None:
+            return
+        rows, drafted, expected_tokens, expected_s = self.expected
+        self.expected = None
+        d = self.OUTCOME_DECAY
+        sums = self.outcomes.setdefault((rows, drafted), [0.0] * 5)
+        for i, x in enumerate((1.0, expected_tokens, expected_s, float(tokens), seconds)):
+            sums[i] = d * sums[i] + x
+
+    def realized_share(self, rows: int, drafted: bool) -> float:
+        """Realized over expected tokens per second of such steps so far, shrunk toward 1 by
+        OUTCOME_PRIOR steps' worth of the estimates."""
+        sums = self.outcomes.get((rows, drafted))
+        if sums is None or sums[0] <= 0:
+            return 1.0
+        n, expected_tokens, expected_s, tokens, seconds = sums
+        w = self.OUTCOME_PRIOR / n  # the prior, in the sums' units
+        return ((tokens + w * expected_tokens) / (seconds + w * expected_s)) / (
+            expected_tokens / expected_s
+        )
+
     def plan(self, active: list[BatchSequence], rows: int) -> None:
+        self.expected = None
         adaptive = [s for s in active if isinstance(s.policy, AdaptiveK) and s.source != NONE]
         for s in active:
             if isinstance(s.policy, AdaptiveK) and s.source == NONE:
@@ -135,7 +170,8 @@ class WidthPlanner:
 
         base_tokens = float(len(active) - len(adaptive))  # rows that yield at least their one
 
-        def rate(w: int, drafting: set[int]) -> float:
+        def outcome(w: int, drafting: set[int]) -> tuple[bool, float, float]:
+            """(whether any row drafts, expected tokens, expected seconds) of a plan."""
             tokens, draft_s = base_tokens, 0.0
             shared_k = max((s.k for s in fixed_shared), default=0)
             shared_rows, width = len(fixed_shared), fixed_width
@@ -149,7 +185,11 @@ class WidthPlanner:
             draft_s += self.shared_draft_s(shared_rows, shared_k, one_token_s) if shared_rows else 0
             pass_s = self.pass_s(rows, width)
             assert pass_s is not None
-            return tokens / (draft_s + pass_s)
+            return width > 1, tokens, draft_s + pass_s
+
+        def rate(w: int, drafting: set[int]) -> float:
+            drafted, tokens, seconds = outcome(w, drafting)
+            return tokens / seconds * self.realized_share(rows, drafted)
 
         best_w, best_rate, best_drafting = 1, -1.0, set()
         for w in range(1, widest + 1):
@@ -167,6 +207,7 @@ class WidthPlanner:
                 best_w, best_rate, best_drafting = w, current, drafting
         for i, s in enumerate(adaptive):
             s.k = min(s.k_limit, best_w - 1) if i in best_drafting else 0
+        self.expected = (rows, *outcome(best_w, best_drafting))
 
     def _options(
         self, s: BatchSequence, widest: int, one_token_s: float

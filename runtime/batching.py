@@ -311,6 +311,7 @@ class BatchDecoder:
         longest = int(max(self.cache.lengths[s.row] for s in self._rows if s is not None))
         first = min(s.row for s in active)
         last = max(s.row for s in active)
+        started, before = perf_counter(), sum(s.stats.new_tokens for s in active)
         for s in active:
             self._decide(s, room=self.capacity - longest - 1)
         self.widths.plan(active, last - first + 1)
@@ -341,6 +342,8 @@ class BatchDecoder:
             self._accept(
                 s, logits[s.row - first, : 1 + n], committed[s.row], verify_s, row_features
             )
+        made = sum(s.stats.new_tokens for s in active) - before
+        self.widths.observe_step(made, perf_counter() - started)  # what -k auto's plan gave
 
     def run(self) -> None:
         """Step until every sequence has stopped."""
