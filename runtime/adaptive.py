@@ -60,9 +60,6 @@ class SourceEstimate:
     # choosing K = 0 (an idle draft model costs nothing; a probe costs drafting and catch-up)
     probe_after: int = 0
     probing: bool = False  # the last step of this source was a probe
-    # per kind of step (0: K = 0, 1: drafted), decayed sums of what the estimates expected and
-    # what the step gave: [steps, expected tokens, expected seconds, tokens, seconds]
-    outcomes: list[list[float]] = field(default_factory=lambda: [[0.0] * 5, [0.0] * 5])
 
     def __post_init__(self) -> None:
         self.reached += [0.0] * (self.max_k - len(self.reached))
@@ -92,21 +89,7 @@ class SourceEstimate:
             1 if self.steps else 0,
             0,
             self.probe_after,
-            False,
-            [[keep * x for x in sums] for sums in self.outcomes],
         )
-
-    def realized_share(self, drafted: bool, prior_steps: float) -> float:
-        """Realized over expected tokens per second of such steps, shrunk toward 1 by
-        `prior_steps` steps' worth of the estimates. Drafting is chosen where the estimates say
-        it wins, so its expected rate runs high (the winner's curse), and a step costs what the
-        estimates leave out (a draft model catching up after idle steps, bookkeeping)."""
-        n, expected_tokens, expected_s, tokens, seconds = self.outcomes[int(drafted)]
-        if n <= 0 or expected_s <= 0:
-            return 1.0
-        w = prior_steps / n
-        realized = (tokens + w * expected_tokens) / (seconds + w * expected_s)
-        return realized / (expected_tokens / expected_s)
 
     def accept_given_confidence(self, top: float, prior_weight: float) -> float:
         """P(a draft token is accepted | the earlier ones were, the draft's top probability)."""
@@ -122,7 +105,6 @@ def _take_all(position: int, top: float) -> tuple[bool, bool]:
 
 class AdaptiveK:
     PROBE_MOST = 64  # the longest run of K = 0 steps between probes
-    OUTCOME_PRIOR = 16.0  # steps before realized rates count as much as the estimates
     HOLD = 0.95  # keep K = 1 while it is expected within this share of K = 0's rate
 
     def __init__(
@@ -246,7 +228,6 @@ class AdaptiveK:
             est.probing = True
         else:
             rates = self.expected_rates(source)
-            rates = [r * est.realized_share(k > 0, self.OUTCOME_PRIOR) for k, r in enumerate(rates)]
             k = max(range(self.max_k + 1), key=rates.__getitem__)
             if k == 0 and rates[1] >= self.HOLD * rates[0]:
                 k = 1  # hysteresis: leaving the drafter idle makes it catch up later
@@ -313,16 +294,6 @@ class AdaptiveK:
         if step.source == NONE:
             return  # a plain decode step: its verify time above is all there is to learn
         est = self._estimate(step.source)
-        # what the estimates expected of this step (before they learn from it), and what it gave
-        k = step.proposed
-        expected = (
-            self.expected_tokens(step.source)[min(k, self.max_k)],
-            est.draft_s(k, self.width_prior) + self.verify_s(k + 1),
-        )
-        sums = est.outcomes[int(k > 0)]
-        gave = (float(step.accepted + 1), step.draft_s + step.verify_s)
-        for i, x in enumerate((1.0, *expected, *gave)):
-            sums[i] = d * sums[i] + x
         est.steps += 1
         if step.proposed:
             # drafting cost per proposed token: a model pass per token for a draft model, next
