@@ -150,3 +150,22 @@ def test_a_draft_row_far_behind_is_charged_its_catch_up_spread_over_the_steps_le
     assert widths.catchup_s(s, 0.040, 2.0) == 0.0
     s.draft_rows = LaggingDraft(0)  # its first proposal reads the prompt, as alone
     assert widths.catchup_s(s, 0.040, 2.0) == 0.0
+
+
+def test_drafting_whose_steps_give_less_than_expected_stops_being_chosen() -> None:
+    """Lookups expected to pay a little (4 x 1.8 tokens for 1.3 passes against 4 for 1): when
+    such steps keep giving one token a row, the planner learns it and decodes plainly; steps that
+    give what was expected keep it drafting."""
+    for gives_expected in (True, False):
+        widths = planner(0.040, 0.3, rows=4)
+        rows = [row(r, KnownPolicy(0.8, 0.0), LOOKUP) for r in range(4)]
+        drafted = []
+        for _ in range(60):
+            widths.plan(rows, 4)
+            assert widths.expected is not None
+            _, drafts, tokens, seconds = widths.expected
+            drafted.append(drafts)
+            given = round(tokens) if gives_expected or not drafts else 4
+            widths.observe_step(given, seconds)
+        assert all(drafted) if gives_expected else drafted[0] and not any(drafted[-20:])
+        assert widths.realized_share(4, True) < 0.8 or gives_expected
