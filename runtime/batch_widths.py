@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from specx.runtime.batching import BatchSequence
 
 
+# what a plan expects of its step: (rows, whether any row drafts, tokens, seconds)
+Expected = tuple[int, bool, float, float]
+
+
 class WidthPlanner:
     """K for the -k auto rows of a batch, chosen for the batch as a whole.
 
@@ -27,7 +31,8 @@ class WidthPlanner:
     decoder runs; a cell not yet measured is scaled from the nearest measured one by a prior
     charging each extra token 4% of a one-token pass (docs/bench/batching.md); a draft model not
     yet measured is guessed at half a one-token pass per token. Until a pass was measured the
-    policies' own K stand.
+    policies' own K stand. The expected rates of plain steps and of steps that draft are each
+    scaled by what such steps gave against what was expected (`realized_share`).
     """
 
     PER_TOKEN = 0.04
@@ -54,7 +59,6 @@ class WidthPlanner:
         # expected rate is biased upward (the winner's curse): both are corrected by what such
         # steps gave.
         self.outcomes: dict[tuple[int, bool], list[float]] = {}
-        self.expected: tuple[int, bool, float, float] | None = None  # the last plan's
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         old = self.cost_s.get((rows, width))
@@ -130,12 +134,10 @@ class WidthPlanner:
         remaining = s.settings.max_new_tokens - s.stats.new_tokens
         return whole / max(1.0, remaining / max(1.0, tokens_per_step))
 
-    def observe_step(self, tokens: int, seconds: float) -> None:
-        """What the step planned last gave: `tokens` committed in `seconds` of wall time."""
-        if self.expected is None:
-            return
-        rows, drafted, expected_tokens, expected_s = self.expected
-        self.expected = None
+    def observe_step(self, expected: Expected, tokens: int, seconds: float) -> None:
+        """What a step gave that `plan` expected `expected` of: `tokens` committed in `seconds`
+        of wall time."""
+        rows, drafted, expected_tokens, expected_s = expected
         d = self.OUTCOME_DECAY
         sums = self.outcomes.setdefault((rows, drafted), [0.0] * 5)
         for i, x in enumerate((1.0, expected_tokens, expected_s, float(tokens), seconds)):
@@ -153,15 +155,16 @@ class WidthPlanner:
             expected_tokens / expected_s
         )
 
-    def plan(self, active: list[BatchSequence], rows: int) -> None:
-        self.expected = None
+    def plan(self, active: list[BatchSequence], rows: int) -> Expected | None:
+        """Set the K of this step's -k auto rows; returns what the plan expects of the step
+        (None: nothing was planned), for `observe_step`."""
         adaptive = [s for s in active if isinstance(s.policy, AdaptiveK) and s.source != NONE]
         for s in active:
             if isinstance(s.policy, AdaptiveK) and s.source == NONE:
                 s.k = 0  # nothing to draft from
         one_token_s = self.pass_s(1, 1)
         if not adaptive or one_token_s is None:
-            return
+            return None
         fixed = [s for s in active if not isinstance(s.policy, AdaptiveK)]
         fixed_width = 1 + max((s.k for s in fixed), default=0)
         fixed_shared = [s for s in fixed if s.shares_draft and s.k > 0]
@@ -207,7 +210,7 @@ class WidthPlanner:
                 best_w, best_rate, best_drafting = w, current, drafting
         for i, s in enumerate(adaptive):
             s.k = min(s.k_limit, best_w - 1) if i in best_drafting else 0
-        self.expected = (rows, *outcome(best_w, best_drafting))
+        return (rows, *outcome(best_w, best_drafting))
 
     def _options(
         self, s: BatchSequence, widest: int, one_token_s: float

@@ -314,7 +314,7 @@ class BatchDecoder:
         started, before = perf_counter(), sum(s.stats.new_tokens for s in active)
         for s in active:
             self._decide(s, room=self.capacity - longest - 1)
-        self.widths.plan(active, last - first + 1)
+        expected = self.widths.plan(active, last - first + 1)
         self._draft_all(active)
         width = 1 + max(s.proposal.tokens.shape[0] for s in active)
         tokens = np.zeros((last - first + 1, width), dtype=np.int64)  # [rows, width], 0: padding
@@ -342,8 +342,9 @@ class BatchDecoder:
             self._accept(
                 s, logits[s.row - first, : 1 + n], committed[s.row], verify_s, row_features
             )
-        made = sum(s.stats.new_tokens for s in active) - before
-        self.widths.observe_step(made, perf_counter() - started)  # what -k auto's plan gave
+        if expected is not None:  # what -k auto's plan gave
+            made = sum(s.stats.new_tokens for s in active) - before
+            self.widths.observe_step(expected, made, perf_counter() - started)
 
     def run(self) -> None:
         """Step until every sequence has stopped."""

@@ -161,11 +161,11 @@ def test_drafting_whose_steps_give_less_than_expected_stops_being_chosen() -> No
         rows = [row(r, KnownPolicy(0.8, 0.0), LOOKUP) for r in range(4)]
         drafted = []
         for _ in range(60):
-            widths.plan(rows, 4)
-            assert widths.expected is not None
-            _, drafts, tokens, seconds = widths.expected
+            expected = widths.plan(rows, 4)
+            assert expected is not None
+            _, drafts, tokens, seconds = expected
             drafted.append(drafts)
             given = round(tokens) if gives_expected or not drafts else 4
-            widths.observe_step(given, seconds)
+            widths.observe_step(expected, given, seconds)
         assert all(drafted) if gives_expected else drafted[0] and not any(drafted[-20:])
         assert widths.realized_share(4, True) < 0.8 or gives_expected
