@@ -1,0 +1,82 @@
+"""What -k auto's batch planner expected of its steps, and what they gave, next to speculation off.
+
+    .venv/bin/python scripts/batch_trace.py ARTIFACT [--concurrency 2] [--rounds 2] [--drafter D]
+
+Runs the chat workload's prompts (as `specx bench --concurrency` does: batch after batch of
+`--concurrency` requests until every prompt ran, 64 new tokens) first once per mode to warm up
+(speculation off, K = 2, -k auto at 1 and 2 requests, so that the planner starts from what it
+learned, as in the bench), then `--rounds` times: -k auto, then speculation off. For each -k auto
+round it prints aggregate tokens/s of both modes and, per row count and kind of step (plain, or
+some row drafted), the planned steps, their expected and realized tokens per second
+(`WidthPlanner.observe_step`) and the planner's current correction (`realized_share`). Nothing else
+may run meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from importlib import resources
+
+from specx.runtime import Pipeline
+from specx.runtime.batch_widths import Expected, WidthPlanner
+from specx.runtime.settings import GenerationSettings
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("artifact")
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--drafter", default="ngram+int8")
+    args = parser.parse_args()
+    pipe = Pipeline.load(args.artifact)
+    workloads = resources.files("specx.apps.bench").joinpath("data/workloads.json")
+    texts = json.loads(workloads.read_text("utf-8"))["workloads"]["chat"]["prompts"]
+    prompts = [pipe.codec.encode_chat(t) for t in texts]
+
+    # (rows, drafted) -> [steps, expected tokens, expected s, tokens, s], this round only
+    steps: dict[tuple[int, bool], list[float]] = defaultdict(lambda: [0.0] * 5)
+    observe = WidthPlanner.observe_step
+
+    def traced(self: WidthPlanner, expected: Expected, tokens: int, seconds: float) -> None:
+        rows, drafted, expected_tokens, expected_s = expected
+        for i, x in enumerate((1.0, expected_tokens, expected_s, float(tokens), seconds)):
+            steps[(rows, drafted)][i] += x
+        observe(self, expected, tokens, seconds)
+
+    WidthPlanner.observe_step = traced  # type: ignore[method-assign]
+
+    def run(c: int, k: int | str) -> float:
+        drafter = "none" if k == 0 else args.drafter
+        settings = GenerationSettings(max_new_tokens=64, k=k, drafter=drafter, max_k=4)
+        tokens, t0 = 0, time.perf_counter()
+        for b in range(0, len(prompts), c):
+            batch = [prompts[(b + j) % len(prompts)] for j in range(c)]
+            results = pipe.generate_batch(batch, settings, max_batch=c)
+            tokens += sum(r.stats.new_tokens for r in results)
+        return tokens / (time.perf_counter() - t0)
+
+    for k in (0, 2, "auto"):
+        for c in sorted({1, 2, args.concurrency}):
+            run(c, k)
+    for round_ in range(args.rounds):
+        steps.clear()
+        auto = run(args.concurrency, "auto")
+        off = run(args.concurrency, 0)
+        c = args.concurrency
+        print(f"round {round_ + 1}: {c} requests, -k auto {auto:.1f} tok/s, off {off:.1f}")
+        for (rows, drafted), (n, et, es, t, s) in sorted(steps.items()):
+            share = pipe.batch_pass_costs.realized_share(rows, drafted)
+            kind = "drafted" if drafted else "plain"
+            print(
+                f"  {rows} rows {kind:8} steps {n:4.0f}  expected {et / es:6.1f} tok/s "
+                f"({et / n:.2f} tok, {1000 * es / n:.1f} ms)  realized {t / s:6.1f} tok/s "
+                f"({t / n:.2f} tok, {1000 * s / n:.1f} ms)  correction {share:.3f}"
+            )
+
+
+if __name__ == "__main__":
+    main()
