@@ -6,7 +6,8 @@ after batch until every prompt ran (together_batches). Measured:
 aggregate tokens/s (all tokens over the wall time), each request's latency (start to last token)
 and time to first token. "alone" is one request at a time on the single-sequence graph
 (Pipeline.generate), the way `specx run` serves it: the baseline every ratio is taken against.
-Medians over prompts and repeats, all in one process, interleaved so that drift hits every row.
+Medians over prompts and repeats, all in one process, interleaved so that drift hits every row
+(the modes' order turns by one each repeat).
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def run_concurrency(
     total = repeats * len(modes) * (len(prompts) + len(concurrencies))
     done = 0
     for repeat in range(repeats):
-        for mode in modes:
+        for mode in mode_order(modes, repeat):
             settings = _settings(mode, max_new, max_k)
             for i, prompt in enumerate(prompts):
                 done += 1
@@ -103,6 +104,14 @@ def run_concurrency(
                 for batch in together_batches(len(prompts), c, repeat):
                     cell["runs"].append(_together(pipe, [prompts[i] for i in batch], settings))
     return {"rows": _summarize(raw, modes, concurrencies), "max_new_tokens": max_new}
+
+
+def mode_order(modes: list[dict[str, Any]], repeat: int) -> list[dict[str, Any]]:
+    """The modes in the order a repeat runs them: turned by one each repeat, so that no mode
+    always runs first or last in a repeat (the VM's speed drifts over minutes, and a fixed order
+    would charge the drift to the same modes every time)."""
+    turn = repeat % len(modes)
+    return modes[turn:] + modes[:turn]
 
 
 def together_batches(n_prompts: int, c: int, repeat: int) -> list[list[int]]:

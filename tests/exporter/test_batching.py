@@ -625,6 +625,9 @@ def test_the_concurrency_bench_runs_every_prompt_at_every_concurrency(
 
     assert bench.together_batches(5, 2, 1) == [[1, 2], [3, 4], [0, 1]]
     assert bench.together_batches(5, 8, 0) == [[0, 1, 2, 3, 4, 0, 1, 2]]
+    three = [{"name": n} for n in "abc"]
+    order = ["".join(m["name"] for m in bench.mode_order(three, r)) for r in range(4)]
+    assert order == ["abc", "bca", "cab", "abc"]  # each mode first once in as many repeats
     artifact, _ = llama
     pipe = Pipeline.load(artifact)
     prompts = [_ids(pipe, p) for p in PROMPTS[:3]]
