@@ -190,9 +190,11 @@ class WidthPlanner:
             assert pass_s is not None
             return width > 1, tokens, draft_s + pass_s
 
+        share = {drafted: self.realized_share(rows, drafted) for drafted in (False, True)}
+
         def rate(w: int, drafting: set[int]) -> float:
             drafted, tokens, seconds = outcome(w, drafting)
-            return tokens / seconds * self.realized_share(rows, drafted)
+            return tokens / seconds * share[drafted]
 
         best_w, best_rate, best_drafting = 1, -1.0, set()
         for w in range(1, widest + 1):

@@ -15,14 +15,32 @@ may run meanwhile.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections import defaultdict
-from importlib import resources
 
+from specx.apps.bench.concurrency import together_batches
+from specx.apps.bench.runner import load_workloads
 from specx.runtime import Pipeline
 from specx.runtime.batch_widths import Expected, WidthPlanner
 from specx.runtime.settings import GenerationSettings
+
+# (rows, drafted) -> [steps, expected tokens, expected s, tokens, s], since the last clear()
+Sums = defaultdict[tuple[int, bool], list[float]]
+
+
+class TracingPlanner(WidthPlanner):
+    """The pipeline's planner, also summing what each kind of step expected and gave."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: Sums = defaultdict(lambda: [0.0] * 5)
+
+    def observe_step(self, expected: Expected, tokens: int, seconds: float) -> None:
+        rows, drafted, expected_tokens, expected_s = expected
+        sums = self.steps[(rows, drafted)]
+        for i, x in enumerate((1.0, expected_tokens, expected_s, float(tokens), seconds)):
+            sums[i] += x
+        super().observe_step(expected, tokens, seconds)
 
 
 def main() -> None:
@@ -33,29 +51,15 @@ def main() -> None:
     parser.add_argument("--drafter", default="ngram+int8")
     args = parser.parse_args()
     pipe = Pipeline.load(args.artifact)
-    workloads = resources.files("specx.apps.bench").joinpath("data/workloads.json")
-    texts = json.loads(workloads.read_text("utf-8"))["workloads"]["chat"]["prompts"]
-    prompts = [pipe.codec.encode_chat(t) for t in texts]
-
-    # (rows, drafted) -> [steps, expected tokens, expected s, tokens, s], this round only
-    steps: dict[tuple[int, bool], list[float]] = defaultdict(lambda: [0.0] * 5)
-    observe = WidthPlanner.observe_step
-
-    def traced(self: WidthPlanner, expected: Expected, tokens: int, seconds: float) -> None:
-        rows, drafted, expected_tokens, expected_s = expected
-        for i, x in enumerate((1.0, expected_tokens, expected_s, float(tokens), seconds)):
-            steps[(rows, drafted)][i] += x
-        observe(self, expected, tokens, seconds)
-
-    WidthPlanner.observe_step = traced  # type: ignore[method-assign]
+    planner = pipe.batch_pass_costs = TracingPlanner()
+    prompts = [pipe.codec.encode_chat(t) for t in load_workloads()["chat"]["prompts"]]
 
     def run(c: int, k: int | str) -> float:
         drafter = "none" if k == 0 else args.drafter
         settings = GenerationSettings(max_new_tokens=64, k=k, drafter=drafter, max_k=4)
         tokens, t0 = 0, time.perf_counter()
-        for b in range(0, len(prompts), c):
-            batch = [prompts[(b + j) % len(prompts)] for j in range(c)]
-            results = pipe.generate_batch(batch, settings, max_batch=c)
+        for batch in together_batches(len(prompts), c, 0):
+            results = pipe.generate_batch([prompts[i] for i in batch], settings, max_batch=c)
             tokens += sum(r.stats.new_tokens for r in results)
         return tokens / (time.perf_counter() - t0)
 
@@ -63,13 +67,13 @@ def main() -> None:
         for c in sorted({1, 2, args.concurrency}):
             run(c, k)
     for round_ in range(args.rounds):
-        steps.clear()
+        planner.steps.clear()
         auto = run(args.concurrency, "auto")
         off = run(args.concurrency, 0)
         c = args.concurrency
         print(f"round {round_ + 1}: {c} requests, -k auto {auto:.1f} tok/s, off {off:.1f}")
-        for (rows, drafted), (n, et, es, t, s) in sorted(steps.items()):
-            share = pipe.batch_pass_costs.realized_share(rows, drafted)
+        for (rows, drafted), (n, et, es, t, s) in sorted(planner.steps.items()):
+            share = planner.realized_share(rows, drafted)
             kind = "drafted" if drafted else "plain"
             print(
                 f"  {rows} rows {kind:8} steps {n:4.0f}  expected {et / es:6.1f} tok/s "
