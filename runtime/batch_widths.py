@@ -31,8 +31,9 @@ class WidthPlanner:
     decoder runs; a cell not yet measured is scaled from the nearest measured one by a prior
     charging each extra token 4% of a one-token pass (docs/bench/batching.md); a draft model not
     yet measured is guessed at half a one-token pass per token. Until a pass was measured the
-    policies' own K stand. The expected rates of plain steps and of steps that draft are each
-    scaled by what such steps gave against what was expected (`realized_share`).
+    policies' own K stand, as they do for a row alone in its pass (there is no batch to weigh).
+    The expected rates of plain steps and of steps that draft are each scaled by what such steps
+    gave against what was expected (`realized_share`).
     """
 
     PER_TOKEN = 0.04
@@ -165,6 +166,11 @@ class WidthPlanner:
         one_token_s = self.pass_s(1, 1)
         if not adaptive or one_token_s is None:
             return None
+        if len(active) == 1:
+            # a row alone in the pass (a batch of one, or the last of a batch): its policy's
+            # own K stands, chosen as alone (with its probes and the draft's confidence) from
+            # the costs of the one-row passes it has seen
+            return None
         fixed = [s for s in active if not isinstance(s.policy, AdaptiveK)]
         fixed_width = 1 + max((s.k for s in fixed), default=0)
         fixed_shared = [s for s in fixed if s.shares_draft and s.k > 0]
@@ -172,6 +178,16 @@ class WidthPlanner:
         options = [self._options(s, widest, one_token_s) for s in adaptive]
 
         base_tokens = float(len(active) - len(adaptive))  # rows that yield at least their one
+        # the costs a plan is made of, looked up once per step (the search below weighs dozens
+        # of plans)
+        widths = range(max(widest, fixed_width) + 1)
+        pass_by_width = [self.pass_s(rows, w) if w else 0.0 for w in widths]
+        shared_s: dict[tuple[int, int], float] = {}
+
+        def shared_draft_s(n: int, k: int) -> float:
+            if (n, k) not in shared_s:
+                shared_s[(n, k)] = self.shared_draft_s(n, k, one_token_s)
+            return shared_s[(n, k)]
 
         def outcome(w: int, drafting: set[int]) -> tuple[bool, float, float]:
             """(whether any row drafts, expected tokens, expected seconds) of a plan."""
@@ -185,8 +201,8 @@ class WidthPlanner:
                 if k and s.shares_draft:
                     shared_k, shared_rows = max(shared_k, k), shared_rows + 1
                 draft_s += own_s[k]
-            draft_s += self.shared_draft_s(shared_rows, shared_k, one_token_s) if shared_rows else 0
-            pass_s = self.pass_s(rows, width)
+            draft_s += shared_draft_s(shared_rows, shared_k) if shared_rows else 0.0
+            pass_s = pass_by_width[width]
             assert pass_s is not None
             return width > 1, tokens, draft_s + pass_s
 

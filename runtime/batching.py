@@ -211,7 +211,7 @@ class BatchDecoder:
         self.prefill_passes += 1
         features = runner.last_features  # [rows, width, F] where the graph returns features
         for row, (s, begin, end) in fed.items():
-            if isinstance(s.drafter, FeatureReader) and features is not None:
+            if features is not None and isinstance(s.drafter, FeatureReader):
                 # (a hybrid is a FeatureReader whether or not its model reads them: a feature
                 # draft left without them says so when it drafts)
                 s.drafter.observe_features(begin, features[row - first, : end - begin])
@@ -433,7 +433,7 @@ class BatchDecoder:
         self.cache.lengths[s.row] = committed + 1 + n_accepted
         if s.drafter is not None and s.k > 0:
             s.drafter.commit(n_accepted)
-        if isinstance(s.drafter, FeatureReader) and features is not None:
+        if features is not None and isinstance(s.drafter, FeatureReader):
             s.drafter.observe_features(committed, features[: 1 + n_accepted])
         step = StepResult(
             tokens=np.append(proposal.tokens[:n_accepted], np.int64(next_token)),

@@ -98,6 +98,21 @@ def test_a_shared_drafting_cost_not_measured_yet_is_scaled_or_guessed() -> None:
     assert widths.shared_draft_s(4, 0, 0.040) == 0.0
 
 
+def test_a_row_alone_in_its_pass_keeps_its_policys_own_k_as_alone() -> None:
+    """One row: nothing to weigh against, its policy chose K as alone (with its probes and the
+    draft's confidence); the same row beside another is planned for the batch."""
+    widths = planner(0.040, 1.0, rows=1)
+    widths.observe(2, 1, 0.042)
+    alone = row(0, KnownPolicy(0.3, 0.020))
+    alone.k = 3  # what its policy decided
+    assert widths.plan([alone], 1) is None
+    assert alone.k == 3
+    other = row(1, KnownPolicy(0.3, 0.020))
+    other.k = 3
+    assert widths.plan([alone, other], 2) is not None
+    assert (alone.k, other.k) == (0, 0)  # every position a full pass: drafting does not pay
+
+
 def test_rows_with_a_fixed_k_keep_it_and_set_the_least_width() -> None:
     from specx.runtime.generate import FixedK
 
