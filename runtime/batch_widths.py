@@ -189,18 +189,21 @@ class WidthPlanner:
                 shared_s[(n, k)] = self.shared_draft_s(n, k, one_token_s)
             return shared_s[(n, k)]
 
-        def outcome(w: int, drafting: set[int]) -> tuple[bool, float, float]:
-            """(whether any row drafts, expected tokens, expected seconds) of a plan."""
+        fixed_shared_k = max((s.k for s in fixed_shared), default=0)
+        shares = [s.shares_draft for s in adaptive]
+
+        def outcome(ks: list[int]) -> tuple[bool, float, float]:
+            """(whether any row drafts, expected tokens, expected seconds) of a plan: adaptive
+            row i drafts up to ks[i]."""
             tokens, draft_s = base_tokens, 0.0
-            shared_k = max((s.k for s in fixed_shared), default=0)
-            shared_rows, width = len(fixed_shared), fixed_width
-            for i, (s, (expected, own_s)) in enumerate(zip(adaptive, options, strict=True)):
-                k = min(s.k_limit, w - 1) if i in drafting else 0
+            shared_k, shared_rows, width = fixed_shared_k, len(fixed_shared), fixed_width
+            for k, (expected, own_s), shared in zip(ks, options, shares, strict=True):
                 tokens += expected[k]
-                width = max(width, k + 1)
-                if k and s.shares_draft:
-                    shared_k, shared_rows = max(shared_k, k), shared_rows + 1
                 draft_s += own_s[k]
+                if k:
+                    width = max(width, k + 1)
+                    if shared:
+                        shared_k, shared_rows = max(shared_k, k), shared_rows + 1
             draft_s += shared_draft_s(shared_rows, shared_k) if shared_rows else 0.0
             pass_s = pass_by_width[width]
             assert pass_s is not None
@@ -208,27 +211,32 @@ class WidthPlanner:
 
         share = {drafted: self.realized_share(rows, drafted) for drafted in (False, True)}
 
-        def rate(w: int, drafting: set[int]) -> float:
-            drafted, tokens, seconds = outcome(w, drafting)
+        def rate(ks: list[int]) -> float:
+            drafted, tokens, seconds = outcome(ks)
             return tokens / seconds * share[drafted]
 
-        best_w, best_rate, best_drafting = 1, -1.0, set()
+        best_ks, best_rate = [0] * len(adaptive), -1.0
         for w in range(1, widest + 1):
             # every row drafts up to w - 1, but for those whose drafting costs the batch more
             # than it brings (dropped one at a time, the worst first)
-            drafting = set(range(len(adaptive)))
-            current = rate(w, drafting)
-            while drafting:
-                gain, worst = max((rate(w, drafting - {i}), i) for i in drafting)
-                if gain <= current:
+            ks = [min(s.k_limit, w - 1) for s in adaptive]
+            current = rate(ks)
+            while True:
+                worst, gain = -1, current
+                for i, k in enumerate(ks):
+                    if k:  # the plan without row i's drafting
+                        ks[i] = 0
+                        if (without := rate(ks)) > gain:
+                            worst, gain = i, without
+                        ks[i] = k
+                if worst < 0:
                     break
-                current = gain
-                drafting.discard(worst)
+                ks[worst], current = 0, gain
             if current > best_rate:
-                best_w, best_rate, best_drafting = w, current, drafting
-        for i, s in enumerate(adaptive):
-            s.k = min(s.k_limit, best_w - 1) if i in best_drafting else 0
-        return (rows, *outcome(best_w, best_drafting))
+                best_ks, best_rate = ks, current
+        for s, k in zip(adaptive, best_ks, strict=True):
+            s.k = k
+        return (rows, *outcome(best_ks))
 
     def _options(
         self, s: BatchSequence, widest: int, one_token_s: float

@@ -128,7 +128,7 @@ def speculative_step(
     cache.truncate(committed + 1 + n_accepted)  # keep last_committed + accepted drafts
     if drafter is not None and k > 0:
         drafter.commit(n_accepted)
-    if isinstance(drafter, FeatureReader) and target.last_features is not None:
+    if target.last_features is not None and isinstance(drafter, FeatureReader):
         drafter.observe_features(committed, target.last_features[: 1 + n_accepted])
     return StepResult(
         tokens=np.append(proposal.tokens[:n_accepted], np.int64(next_token)),

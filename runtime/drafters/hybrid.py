@@ -4,7 +4,7 @@ the rest. The model's cache only catches up when it is used."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -35,6 +35,8 @@ class HybridDrafter:
         self.model = model
         self.min_match_tokens = min_match_tokens
         self._used_model = False
+        # what the model can do, asked once (a protocol check is slow for a per-step question)
+        self._model_shares = isinstance(model, SharedPassDrafter)
 
     def start(self, prompt: np.ndarray, request: DraftRequest) -> None:
         self.lookup.start(prompt, request)
@@ -53,8 +55,8 @@ class HybridDrafter:
 
     # a batch shares the model's passes (the lookups cost nothing to share)
     def draft_session(self, source: str) -> GraphSession | None:
-        if source == MODEL and isinstance(self.model, SharedPassDrafter):
-            return self.model.draft_session(MODEL)
+        if source == MODEL and self._model_shares:
+            return cast(SharedPassDrafter, self.model).draft_session(MODEL)
         return None
 
     def bind_row(self, rows: DraftRows | None, row: int = 0) -> None:
@@ -65,10 +67,10 @@ class HybridDrafter:
         self, context: np.ndarray, k: int, plan: DraftPlan | None = None
     ) -> ProposalSteps:
         """The model's proposal as steps (asked only when `source` says MODEL)."""
-        assert isinstance(self.model, SharedPassDrafter)
+        assert self._model_shares
         self._used_model = True
         self.lookup.forget()
-        return self.model.proposal_steps(context, k, plan)
+        return cast(SharedPassDrafter, self.model).proposal_steps(context, k, plan)
 
     def commit(self, num_accepted: int) -> None:
         if self._used_model:
