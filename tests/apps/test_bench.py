@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -110,3 +111,34 @@ def test_bad_bench_options_are_clean_errors(
     result = CliRunner().invoke(main, ["bench", str(llama_pair.artifact), *args])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert re.search(message, result.stderr), result.stderr
+
+
+def test_the_goal_script_reads_issue_16s_figures_from_a_concurrency_run() -> None:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "concurrency_goals.py"
+    spec = importlib.util.spec_from_file_location("concurrency_goals", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def run(auto_at_4: float, fixed_alone: float) -> dict:
+        speeds = {
+            "off": {"alone": 60.0, 1: 60.0, 2: 110.0, 4: 190.0, 8: 300.0},
+            "ngram K=2": {"alone": fixed_alone, 1: 70.0, 2: 95.0, 4: 130.0, 8: 170.0},
+            "ngram K=auto": {"alone": 72.0, 1: 70.0, 2: 108.0, 4: auto_at_4, 8: 290.0},
+        }
+        rows = [
+            {"mode": m, "concurrency": c, "tokens_per_s": t, "latency_x_alone": 1.5}
+            for m, by_c in speeds.items()
+            for c, t in by_c.items()
+        ]
+        return {"rows": rows, "machine": {"date": "today"}}
+
+    met = script.goals(run(auto_at_4=185.0, fixed_alone=70.0))
+    assert np.isclose(met["aggregate_at_4"], 185.0 / 72.0)
+    assert np.isclose(met["auto_share"]["4"], 185.0 / 190.0)
+    assert met["met"] == (True, True, True)
+    # slower at 4 than 2.5x alone, and alone below 0.95 of the fixed K: two goals missed
+    missed = script.goals(run(auto_at_4=175.0, fixed_alone=80.0))
+    assert missed["met"] == (False, True, False)

@@ -1,0 +1,66 @@
+"""Issue 16's three figures from `specx bench --concurrency` results (concurrency.json).
+
+    .venv/bin/python scripts/concurrency_goals.py RUN/concurrency.json [MORE.json ...]
+
+Per file: -k auto's aggregate tokens/s at 4 requests over -k auto alone (goal >= 2.5), its median
+latency at 4 over alone (goal <= 1.6), and at every concurrency (alone included) -k auto's
+tokens/s over the better of speculation off and the best fixed K at that concurrency (goal >= 0.95
+at every one: here alone too). Reads the numbers the bench wrote; measures nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+AGGREGATE_AT_4 = 2.5
+LATENCY_AT_4 = 1.6
+AUTO_SHARE = 0.95
+
+
+def goals(results: dict[str, Any]) -> dict[str, Any]:
+    """The three figures of one run, and whether each goal holds."""
+    cells: dict[tuple[str, str], dict[str, Any]] = {
+        (r["mode"], str(r["concurrency"])): r for r in results["rows"]
+    }
+    auto = next(mode for mode, _ in cells if mode.endswith("K=auto"))
+    levels = sorted({c for _, c in cells}, key=lambda c: -1 if c == "alone" else int(c))
+    shares = {}
+    for c in levels:
+        others = [r["tokens_per_s"] for (mode, cc), r in cells.items() if cc == c and mode != auto]
+        shares[c] = cells[(auto, c)]["tokens_per_s"] / max(others)
+    at_4 = cells[(auto, "4")]
+    aggregate = at_4["tokens_per_s"] / cells[(auto, "alone")]["tokens_per_s"]
+    latency = at_4["latency_x_alone"]
+    return {
+        "date": results.get("machine", {}).get("date", "?"),
+        "aggregate_at_4": aggregate,
+        "latency_at_4": latency,
+        "auto_share": shares,
+        "met": (
+            aggregate >= AGGREGATE_AT_4,
+            latency <= LATENCY_AT_4,
+            all(s >= AUTO_SHARE for s in shares.values()),
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    args = parser.parse_args()
+    for path in args.runs:
+        g = goals(json.loads(path.read_text()))
+        shares = " / ".join(f"{s:.3f}" for s in g["auto_share"].values())
+        met = ", ".join("met" if m else "MISSED" for m in g["met"])
+        print(
+            f"{path}: {g['date']}: -k auto at 4 {g['aggregate_at_4']:.2f}x alone, latency at 4 "
+            f"{g['latency_at_4']:.2f}x, -k auto / better ({' / '.join(g['auto_share'])}) "
+            f"{shares}; goals: {met}"
+        )
+
+
+if __name__ == "__main__":
+    main()
