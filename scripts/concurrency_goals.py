@@ -5,7 +5,9 @@
 Per file: -k auto's aggregate tokens/s at 4 requests over -k auto alone (goal >= 2.5), its median
 latency at 4 over alone (goal <= 1.6), and at every concurrency (alone included) -k auto's
 tokens/s over the better of speculation off and the best fixed K at that concurrency (goal >= 0.95
-at every one: here alone too). Reads the numbers the bench wrote; measures nothing.
+at every one: here alone too), from the medians of the cells, and, where the bench wrote them,
+the same ratios paired within each repeat (medians over repeats). Reads the numbers the bench
+wrote; measures nothing.
 """
 
 from __future__ import annotations
@@ -34,7 +36,13 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
     at_4 = cells[(auto, "4")]
     aggregate = at_4["tokens_per_s"] / cells[(auto, "alone")]["tokens_per_s"]
     latency = at_4["latency_x_alone"]
+    paired = {
+        c: cells[(auto, c)]["x_better_paired"]
+        for c in levels
+        if "x_better_paired" in cells[(auto, c)]
+    }
     return {
+        "paired": paired,
         "date": results.get("machine", {}).get("date", "?"),
         "aggregate_at_4": aggregate,
         "latency_at_4": latency,
@@ -59,6 +67,11 @@ def main() -> None:
             f"{path}: {g['date']}: -k auto at 4 {g['aggregate_at_4']:.2f}x alone, latency at 4 "
             f"{g['latency_at_4']:.2f}x, -k auto / better ({' / '.join(g['auto_share'])}) "
             f"{shares}; goals: {met}"
+            + (
+                "; paired within repeats: " + " / ".join(f"{x:.3f}" for x in g["paired"].values())
+                if g["paired"]
+                else ""
+            )
         )
 
 

@@ -96,13 +96,14 @@ def run_concurrency(
                 progress(f"[{done}/{total}] repeat {repeat + 1} alone {mode['name']} prompt {i}")
                 run = _alone(pipe, prompt, settings)
                 cell = raw.setdefault(f"{mode['name']}|alone", {"runs": []})
-                cell["runs"].append(run)
+                cell["runs"].append({**run, "repeat": repeat})
             for c in concurrencies:
                 done += 1
                 progress(f"[{done}/{total}] repeat {repeat + 1} {c} together {mode['name']}")
                 cell = raw.setdefault(f"{mode['name']}|{c}", {"runs": []})
                 for batch in together_batches(len(prompts), c, repeat):
-                    cell["runs"].append(_together(pipe, [prompts[i] for i in batch], settings))
+                    run = _together(pipe, [prompts[i] for i in batch], settings)
+                    cell["runs"].append({**run, "repeat": repeat})
     return {"rows": _summarize(raw, modes, concurrencies), "max_new_tokens": max_new}
 
 
@@ -162,7 +163,40 @@ def _summarize(
     best_alone = max(r["tokens_per_s"] for r in rows if r["concurrency"] == "alone")
     for r in rows:
         r["x_best_alone"] = r["tokens_per_s"] / best_alone
+    _pair(raw, modes, rows)
     return rows
+
+
+def _by_repeat(runs: list[dict[str, Any]]) -> dict[int, float]:
+    """A cell's tokens/s in each repeat: all its tokens over all its wall time in that repeat."""
+    tokens: dict[int, float] = {}
+    wall: dict[int, float] = {}
+    for r in runs:
+        tokens[r["repeat"]] = tokens.get(r["repeat"], 0.0) + r["tokens"]
+        wall[r["repeat"]] = wall.get(r["repeat"], 0.0) + r["wall_s"]
+    return {k: tokens[k] / wall[k] for k in tokens}
+
+
+def _pair(
+    raw: dict[str, dict[str, list[Any]]], modes: list[dict[str, Any]], rows: list[dict[str, Any]]
+) -> None:
+    """Ratios taken within each repeat, medians over repeats (the medians of the cells above
+    come from different minutes of a VM whose speed drifts; within a repeat every mode ran
+    within a few minutes of the others): per row, its tokens/s over its mode's alone
+    ("x_alone_paired"), and for -k auto over the fastest other mode at that concurrency in the
+    same repeat ("x_better_paired": the maximum of noisy figures, so it leans against -k
+    auto)."""
+    speed = {key: _by_repeat(cell["runs"]) for key, cell in raw.items()}
+    auto = [m["name"] for m in modes if m["k"] == "auto"]
+    for r in rows:
+        name, c = r["mode"], r["concurrency"]
+        mine, alone = speed[f"{name}|{c}"], speed[f"{name}|alone"]
+        r["x_alone_paired"] = statistics.median(mine[k] / alone[k] for k in mine)
+        others = [speed[f"{m['name']}|{c}"] for m in modes if m["name"] != name]
+        if name in auto and others:
+            r["x_better_paired"] = statistics.median(
+                mine[k] / max(o[k] for o in others) for k in mine
+            )
 
 
 def format_concurrency(results: dict[str, Any]) -> str:
@@ -182,6 +216,15 @@ def format_concurrency(results: dict[str, Any]) -> str:
         "together, one continuous batch. tok/s: all tokens over the wall time (aggregate); "
         "x best: against the fastest mode alone; latency and TTFT: medians over requests."
     )
+    paired = [r for r in results["rows"] if "x_better_paired" in r]
+    if paired:
+        lines.append(
+            f"{paired[0]['mode']} paired within each repeat (medians over repeats): x the "
+            "fastest other mode "
+            + ", ".join(f"{r['concurrency']} {r['x_better_paired']:.2f}" for r in paired)
+            + "; x its own alone "
+            + ", ".join(f"{r['concurrency']} {r['x_alone_paired']:.2f}" for r in paired[1:])
+        )
     return "\n".join(lines)
 
 

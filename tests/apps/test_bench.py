@@ -142,3 +142,38 @@ def test_the_goal_script_reads_issue_16s_figures_from_a_concurrency_run() -> Non
     # slower at 4 than 2.5x alone, and alone below 0.95 of the fixed K: two goals missed
     missed = script.goals(run(auto_at_4=175.0, fixed_alone=80.0))
     assert missed["met"] == (False, True, False)
+
+
+def test_paired_concurrency_ratios_are_taken_within_each_repeat() -> None:
+    """The VM runs twice as fast in the second repeat as in the first; in both, -k auto ran
+    0.9x speculation off at 4 requests: the paired ratio says 0.9, against the fastest other
+    mode of each repeat, and only -k auto's rows get one."""
+    from specx.apps.bench.concurrency import _summarize
+
+    def cell(per_repeat: list[float], together: bool = True) -> dict:
+        runs = [
+            {"tokens": 64 * t, "wall_s": 1.0, "ttft_s": 0.1, "repeat": r}
+            | (
+                {"latency_s": [1.0], "ttft_s": [0.1], "accepted_per_pass": [1.0]}
+                if together
+                else {}
+            )
+            for r, t in enumerate(per_repeat)
+        ]
+        return {"runs": runs}
+
+    modes = [{"name": "off", "k": 0}, {"name": "x K=2", "k": 2}, {"name": "x K=auto", "k": "auto"}]
+    raw = {
+        "off|alone": cell([1.0, 2.0], together=False),
+        "off|4": cell([3.0, 6.0]),
+        "x K=2|alone": cell([1.1, 2.2], together=False),
+        "x K=2|4": cell([2.0, 4.0]),
+        "x K=auto|alone": cell([1.1, 2.2], together=False),
+        "x K=auto|4": cell([2.7, 5.4]),  # 0.9 of off at 4 in both repeats
+    }
+    rows = {(r["mode"], r["concurrency"]): r for r in _summarize(raw, modes, (4,))}
+    auto = rows[("x K=auto", 4)]
+    assert np.isclose(auto["x_better_paired"], 0.9)
+    assert np.isclose(rows[("x K=auto", "alone")]["x_better_paired"], 1.0)  # ties K=2
+    assert np.isclose(auto["x_alone_paired"], 2.7 / 1.1)
+    assert "x_better_paired" not in rows[("off", 4)]

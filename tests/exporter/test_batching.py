@@ -653,3 +653,5 @@ def test_the_concurrency_bench_runs_every_prompt_at_every_concurrency(
     assert all(r["tokens_per_s"] > 0 and r["latency_s"] > 0 for r in rows)
     assert all(r["x_alone"] == 1.0 for r in rows if r["concurrency"] == "alone")
     assert "mixed K=auto" in bench.format_concurrency(results)
+    assert all(r["x_alone_paired"] == 1.0 for r in rows if r["concurrency"] == "alone")
+    assert [("x_better_paired" in r) for r in rows] == [r["mode"] == "mixed K=auto" for r in rows]
