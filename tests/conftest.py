@@ -22,6 +22,16 @@ HAS_EXPORTER = all(importlib.util.find_spec(m) for m in ("torch", "transformers"
 needs_exporter = pytest.mark.skipif(not HAS_EXPORTER, reason="needs specx[export]")
 
 
+def load_script(name: str) -> Any:
+    """A script of scripts/ (not a package) loaded as a module, for tests of its functions."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     import onnxruntime as ort
 

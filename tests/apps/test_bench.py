@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import TinyPair, needs_exporter
+from conftest import TinyPair, load_script, needs_exporter
 from specx.apps.bench.report import adaptive_vs_fixed
 from specx.apps.cli import main
 
@@ -114,13 +114,7 @@ def test_bad_bench_options_are_clean_errors(
 
 
 def test_the_goal_script_reads_issue_16s_figures_from_a_concurrency_run() -> None:
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "concurrency_goals.py"
-    spec = importlib.util.spec_from_file_location("concurrency_goals", path)
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("concurrency_goals")
 
     def run(auto_at_4: float, fixed_alone: float) -> dict:
         speeds = {

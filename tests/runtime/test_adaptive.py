@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import load_script
 from specx.runtime.adaptive import AdaptiveK
 from specx.runtime.drafters import LOOKUP, MODEL, NONE
 from specx.runtime.generate import StepResult
@@ -180,13 +180,7 @@ def test_adaptive_k_inherits_what_an_earlier_generation_learned() -> None:
 
 
 def test_the_replay_simulation_runs_the_real_policy_on_a_recorded_trace() -> None:
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "adaptive_sim.py"
-    spec = importlib.util.spec_from_file_location("adaptive_sim", path)
-    assert spec is not None and spec.loader is not None
-    sim = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sim)
+    sim = load_script("adaptive_sim")
     # an easy text (8 of 8 accepted, confident) followed by a hard one (nothing accepted, unsure)
     trace = {
         "accepted": [8] * 30 + [0] * 30,
