@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
-from conftest import needs_exporter
+from conftest import load_script, needs_exporter
 from reference import assert_same_or_near_tie, hf_greedy
 from specx.runtime import Pipeline
 from specx.runtime.errors import InputError
@@ -655,3 +656,35 @@ def test_the_concurrency_bench_runs_every_prompt_at_every_concurrency(
     assert "mixed K=auto" in bench.format_concurrency(results)
     assert all(r["x_alone_paired"] == 1.0 for r in rows if r["concurrency"] == "alone")
     assert [("x_better_paired" in r) for r in rows] == [r["mode"] == "mixed K=auto" for r in rows]
+
+
+def test_the_step_parts_script_splits_batch_steps_and_puts_back_what_it_timed(llama: Any) -> None:
+    from specx.runtime.batch_widths import WidthPlanner
+    from specx.runtime.batching import BatchDecoder
+
+    script = load_script("step_parts")
+    before = (
+        BatchDecoder.step,
+        WidthPlanner.plan,
+        "run_with_iobinding" in vars(ort.InferenceSession),
+    )
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    prompts = [_ids(pipe, p) for p in PROMPTS[:3]]
+    parts = script.step_parts(pipe, prompts, 2, 1, "ngram+mixed", new_tokens=6)
+    after = (
+        BatchDecoder.step,
+        WidthPlanner.plan,
+        "run_with_iobinding" in vars(ort.InferenceSession),
+    )
+    assert after == before  # the timing wrappers are gone
+    for mode in ("off", "-k auto"):
+        p = parts[mode]
+        assert p["steps"] >= 6 and p["tok/s"] > 0
+        assert 0 < p["onnxruntime"] < p["step"] and p["rest"] > 0
+        assert p["planner"] >= 0 and p["onnxruntime"] + p["planner"] + p["rest"] == pytest.approx(
+            p["step"]
+        )
+    ms = script.prefill_logits(pipe, 20, 2)
+    assert set(ms) == {"prefill", "lm_head", "every output fetched", "logits not fetched"}
+    assert all(v > 0 for v in ms.values())
