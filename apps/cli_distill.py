@@ -56,6 +56,17 @@ from specx.apps.cli_common import debug_option, user_errors
     show_default=True,
     help="auto: a GPU when there is one.",
 )
+@click.option(
+    "--generator",
+    type=click.Choice(["auto", "runtime", "transformers"]),
+    default="auto",
+    show_default=True,
+    help="Who generates the answers: specx's runtime (CPU: an exported graph that records the "
+    "features in the same passes) or transformers (GPU); auto: the runtime where it can run.",
+)
+@click.option(
+    "--generate-rows", type=int, default=16, show_default=True, help="Runtime: sequences a pass."
+)
 @debug_option
 @user_errors
 def distill(
@@ -75,6 +86,8 @@ def distill(
     seed: int,
     resume: bool,
     device: str,
+    generator: str,
+    generate_rows: int,
     debug: bool,
 ) -> None:
     """Train a feature draft for TARGET (HF folder, .gguf file, or hub id) on its own answers.
@@ -99,6 +112,7 @@ def distill(
         ("--draft-vocab", draft_vocab, 0),
         ("--max-epochs", max_epochs, 1),
         ("--batch-size", batch_size, 1),
+        ("--generate-rows", generate_rows, 1),
     ):
         if value < low:
             raise ExportError(f"{name} must be at least {low}, got {value}")
@@ -119,5 +133,7 @@ def distill(
         seed=seed,
         resume=resume,
         device=device,
+        generator=generator,
+        generate_rows=generate_rows,
     )
     run_distill(target, output, options, log=lambda m: click.echo(m, err=True))

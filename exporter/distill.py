@@ -34,6 +34,7 @@ import numpy as np
 from specx.runtime.errors import ExportError
 
 from .distill_data import (
+    TOP,
     Sequence,
     generate_answers,
     grounded_prompts,
@@ -44,6 +45,7 @@ from .distill_data import (
     shipped_prompts,
     text_windows,
 )
+from .distill_generate import RuntimeGenerator, runtime_generation_possible
 from .feature_head import FeatureHead, HeadConfig
 from .load import Log, eos_token_ids, load_source, model_vocab_size
 from .wrap import apply_rotary
@@ -51,7 +53,6 @@ from .wrap import apply_rotary
 DATA_FILE = "data.npz"
 CHECKPOINT_FILE = "checkpoint.pt"
 REPORT_FILE = "distill_report.json"
-TOP = 8  # the target's top-k kept as soft labels
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,12 @@ class DistillOptions:
     train_minutes: float = 30.0  # training time budget
     max_epochs: int = 20
     batch_size: int = 8  # sequences per optimizer step
-    generate_batch: int = 48  # answers generated together (one batched generate call)
+    generate_batch: int = 48  # answers generated together (transformers: one generate call)
+    # who generates the answers: "runtime" (specx's own runtime on an exported graph that also
+    # records the taps and distributions in the same passes: CPU), "transformers" (batched
+    # generate, then one recording pass per sequence: GPU), or "auto" (runtime where it can run)
+    generator: str = "auto"
+    generate_rows: int = 16  # runtime: sequences per pass
     lr: float = 2e-3
     held_out: float = 0.1  # share of prompts kept out of training, for the report
     seed: int = 0
@@ -469,38 +475,41 @@ def collect_data(
     if options.max_prompts and len(first) > options.max_prompts:
         first = [first[i] for i in sorted(rng.choice(len(first), options.max_prompts, False))]
     train_prompts, held_prompts = _split(first, options.held_out, options.seed)
-    sequences: dict[str, list[Sequence]] = {"train": [], "held": []}
-    for part, prompts in (("train", train_prompts), ("held", held_prompts)):
-        if not prompts:
-            continue
-        log(f"  {part}: the target answers {len(prompts)} prompts")
-        answers = generate_answers(
+    generator = _runtime_generator(src, taps, options, log)
+
+    def answer(prompts: list[Any]) -> list[Sequence]:
+        if generator is not None:
+            return generator(prompts, options.max_new_tokens, eos, progress)
+        return generate_answers(
             src, prompts, options.max_new_tokens, options.generate_batch, eos, log, progress
         )
-        sequences[part] += answers
-        if not options.prompts and options.grounded:
-            chat_answers = [
-                src.tokenizer.decode(s.ids[s.first_label :], skip_special_tokens=True).strip()
-                for s, p in zip(answers, prompts, strict=True)
-                if p.chat
-            ]
-            passages = [a for a in chat_answers if len(a) > 80]
-            share = options.grounded
-            if part == "held":
-                share = max(1, round(options.grounded * options.held_out))
-            picked = [passages[i] for i in rng.permutation(len(passages))[:share]]
-            grounded = grounded_prompts(picked, options.seed)
-            if grounded:
-                log(f"  {part}: {len(grounded)} grounded tasks over the target's own answers")
-                sequences[part] += generate_answers(
-                    src,
-                    grounded,
-                    options.max_new_tokens,
-                    options.generate_batch,
-                    eos,
-                    log,
-                    progress,
-                )
+
+    sequences: dict[str, list[Sequence]] = {"train": [], "held": []}
+    try:
+        for part, prompts in (("train", train_prompts), ("held", held_prompts)):
+            if not prompts:
+                continue
+            log(f"  {part}: the target answers {len(prompts)} prompts")
+            answers = answer(prompts)
+            sequences[part] += answers
+            if not options.prompts and options.grounded:
+                chat_answers = [
+                    src.tokenizer.decode(s.ids[s.first_label :], skip_special_tokens=True).strip()
+                    for s, p in zip(answers, prompts, strict=True)
+                    if p.chat
+                ]
+                passages = [a for a in chat_answers if len(a) > 80]
+                share = options.grounded
+                if part == "held":
+                    share = max(1, round(options.grounded * options.held_out))
+                picked = [passages[i] for i in rng.permutation(len(passages))[:share]]
+                grounded = grounded_prompts(picked, options.seed)
+                if grounded:
+                    log(f"  {part}: {len(grounded)} grounded tasks over the target's own answers")
+                    sequences[part] += answer(grounded)
+    finally:
+        if generator is not None:
+            generator.close()
     if options.texts:
         windows = text_windows(src, list(options.texts), 256)
         train, held = _split(windows, options.held_out, options.seed)
@@ -508,11 +517,28 @@ def collect_data(
         sequences["held"] += held
     if not sequences["train"]:
         raise ExportError("no training data", "pass --prompts or --text files with content")
-    log("  recording the target's hidden states and distributions")
-    for part in ("train", "held"):
+    if generator is None or options.texts:
+        log("  recording the target's hidden states and distributions")
+    for part in ("train", "held"):  # what generation did not record already
         # [batch, length, vocab] logits per pass: 8 x 500 tokens are 0.8 GB on SmolLM2
         record_target(src, sequences[part], taps, 8, progress)
     return sequences["train"], sequences["held"]
+
+
+def _runtime_generator(
+    src: Any, taps: tuple[int, ...], options: DistillOptions, log: Log
+) -> RuntimeGenerator | None:
+    """specx's runtime generates where it can (and where asked to); None: transformers."""
+    if options.generator == "transformers":
+        return None
+    device = next(src.model.parameters()).device.type
+    why_not = runtime_generation_possible(src, device)
+    if why_not is None:
+        return RuntimeGenerator(src, taps, options.generate_rows, log)
+    if options.generator == "runtime":
+        raise ExportError(f"--generator runtime cannot run here: {why_not}", "use --generator auto")
+    log(f"  transformers generates the answers ({why_not})")
+    return None
 
 
 def distill(
@@ -690,6 +716,12 @@ def _check_options(output: Path, options: DistillOptions) -> None:
     for path in (*options.prompts, *options.texts):
         if not Path(path).is_file():
             raise ExportError(f"{path} does not exist", "pass existing prompt or text files")
+    if options.generator not in ("auto", "runtime", "transformers"):
+        raise ExportError(
+            f"--generator must be auto, runtime or transformers, got {options.generator!r}"
+        )
+    if options.generate_rows < 1:
+        raise ExportError(f"--generate-rows must be at least 1, got {options.generate_rows}")
     if options.steps < 1 or options.steps > 8:
         raise ExportError(f"--steps must be in 1..8, got {options.steps}")
     if options.train_minutes <= 0:

@@ -25,6 +25,8 @@ from specx.runtime.errors import ExportError
 
 from .load import Log, SourceModel
 
+TOP = 8  # the target's top-k next tokens kept as soft labels
+
 TOPICS = (
     "photosynthesis", "the water cycle", "black holes", "the French Revolution",
     "compound interest", "volcanoes", "the immune system", "recycling", "honeybees",
@@ -38,6 +40,17 @@ TOPICS = (
     "public libraries", "the metric system", "satellites", "dinosaurs", "friendship",
     "time zones", "gardening", "volunteering", "the ocean tides", "recursion in programming",
     "databases", "the binary number system",
+    "volcanic islands", "the Renaissance", "origami", "the human brain", "wolves", "bridges",
+    "the Silk Road", "thunderstorms", "the Internet", "mushrooms", "marathon running",
+    "ancient Egypt", "quantum computing", "composting", "lighthouses", "the Amazon river",
+    "photography", "the Industrial Revolution", "octopuses", "elections", "yoga",
+    "the speed of light", "chocolate", "trains", "the Arctic", "vaccination campaigns",
+    "board games", "typography", "clouds", "the violin", "museums", "the Moon's phases",
+    "renewable energy", "ants", "the Pyramids", "public transport", "fermentation",
+    "the alphabet", "hurricanes", "open source software", "minimalism", "bees and flowers",
+    "the Eiffel Tower", "tigers", "telescopes", "first aid", "rice farming", "the piano",
+    "magnets", "supply and demand", "handwriting", "cybersecurity", "sharks",
+    "the Milky Way", "pottery", "spreadsheets", "mountains", "the immune response to colds",
 )  # fmt: skip
 CHAT_TEMPLATES = (
     "Explain {t} in simple terms.",
@@ -167,7 +180,7 @@ class Sequence:
     top_probs: np.ndarray | None = None  # [T, 8] float16: their probabilities
 
 
-def _encode(src: SourceModel, prompt: Prompt) -> list[int]:
+def encode_prompt(src: SourceModel, prompt: Prompt) -> list[int]:
     tok = src.tokenizer
     if prompt.chat and getattr(tok, "chat_template", None):
         ids = tok.apply_chat_template(
@@ -192,7 +205,7 @@ def generate_answers(
     import torch
 
     device = next(src.model.parameters()).device
-    encoded = [_encode(src, p) for p in prompts]
+    encoded = [encode_prompt(src, p) for p in prompts]
     order = sorted(range(len(prompts)), key=lambda i: len(encoded[i]))
     pad = src.tokenizer.pad_token_id
     pad = int(pad if pad is not None else (eos[0] if eos else 0))
@@ -253,9 +266,13 @@ def record_target(
     batch_size: int,
     progress: Any,
 ) -> None:
-    """One target pass per sequence: its taps (float16) and top-8 next-token distributions."""
+    """One target pass per sequence: its taps (float16) and top-8 next-token distributions
+    (sequences that have them from their generation are left as they are)."""
     import torch
 
+    sequences = [s for s in sequences if s.features is None]
+    if not sequences:
+        return
     device = next(src.model.parameters()).device
     bar = progress(total=len(sequences), desc="target features", unit="seq")
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i].ids))
@@ -273,7 +290,7 @@ def record_target(
             )
             feats = torch.cat([out.hidden_states[t] for t in taps], dim=-1).half().cpu()
             logits = out.logits.float()  # [B, T, vocab]: no softmax over all of it
-            top = torch.topk(logits, 8, dim=-1)
+            top = torch.topk(logits, TOP, dim=-1)
             top_probs = torch.exp(top.values - torch.logsumexp(logits, dim=-1, keepdim=True))
         for row, s in enumerate(batch):
             n = len(s.ids)

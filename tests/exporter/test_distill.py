@@ -157,6 +157,48 @@ def test_distill_reads_the_users_prompt_and_text_files(tmp_path: Path, tokenizer
     assert report.taps == [2, 2, 1]
 
 
+def test_the_runtime_records_in_its_passes_what_transformers_generates_and_computes(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """The CPU route (an exported graph decoding with continuous batching, recording as it goes)
+    gives the same answers, taps and soft labels as transformers' generate plus a recording pass,
+    for prompts of different lengths sharing passes, rows joining as others finish."""
+    import tiny_models
+    from specx.exporter.distill import _progress, default_taps
+    from specx.exporter.distill_data import (
+        Prompt,
+        generate_answers,
+        record_target,
+        shipped_prompts,
+    )
+    from specx.exporter.distill_generate import RuntimeGenerator, runtime_generation_possible
+    from specx.exporter.load import eos_token_ids, load_source
+
+    model = tiny_models.build_model("llama", tokenizer.get_vocab_size(), seed=1, layers=4)
+    src = load_source(str(tiny_models.save(model, tokenizer, tmp_path / "target")), print)
+    assert runtime_generation_possible(src, "cpu") is None
+    assert runtime_generation_possible(src, "cuda") is not None
+    chat, code = shipped_prompts()
+    prompts = chat[:4] + code[:2] + [Prompt("a much longer prompt " * 6, True)]
+    taps, eos, bar = default_taps(4), eos_token_ids(src), _progress(lambda _m: None)
+    logs: list[str] = []
+    generator = RuntimeGenerator(src, taps, 3, logs.append)  # 7 prompts through 3 rows
+    try:
+        got = generator(prompts, 12, eos, bar)
+    finally:
+        generator.close()
+    assert any("specx's runtime" in m for m in logs)
+    want = generate_answers(src, prompts, 12, 8, eos, lambda _m: None, bar)
+    record_target(src, want, taps, 8, bar)
+    for g, w in zip(got, want, strict=True):
+        assert g.first_label == w.first_label and np.array_equal(g.ids, w.ids)
+        assert g.features is not None and w.features is not None
+        assert g.features.shape == w.features.shape == (len(w.ids), 3 * model.config.hidden_size)
+        assert np.allclose(g.features, w.features, rtol=1e-2, atol=1e-2)
+        assert np.array_equal(g.top_ids[:, 0], w.top_ids[:, 0])  # type: ignore[index]
+        assert np.allclose(g.top_probs, w.top_probs, atol=2e-3)  # type: ignore[arg-type]
+
+
 def test_the_shipped_prompts_share_nothing_with_the_bench_workloads() -> None:
     """The bench's prompts measure what a head learned elsewhere: none of them, nor any of
     their passages, may be in the distillation set."""
@@ -186,6 +228,7 @@ def test_distill_refuses_bad_options_with_exit_2_and_leaves_nothing(tmp_path: Pa
         (["--train-minutes", "0"], "--train-minutes must be positive"),
         (["--prompts", str(tmp_path / "missing.txt")], "does not exist"),
         (["--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--generate-rows", "0"], "--generate-rows must be at least 1"),
     ):
         result = runner.invoke(main, ["distill", "some/model", "-o", str(out), *args])
         assert result.exit_code == 2, result.output
