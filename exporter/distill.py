@@ -478,11 +478,17 @@ def collect_data(
     generator = _runtime_generator(src, taps, options, log)
 
     def answer(prompts: list[Any]) -> list[Sequence]:
+        t0 = time.perf_counter()
         if generator is not None:
-            return generator(prompts, options.max_new_tokens, eos, progress)
-        return generate_answers(
-            src, prompts, options.max_new_tokens, options.generate_batch, eos, log, progress
-        )
+            out = generator(prompts, options.max_new_tokens, eos, progress)
+        else:
+            out = generate_answers(
+                src, prompts, options.max_new_tokens, options.generate_batch, eos, log, progress
+            )
+        seconds = time.perf_counter() - t0
+        tokens = sum(len(s.ids) - s.first_label for s in out)
+        log(f"    {tokens} answer tokens in {seconds:.0f} s ({tokens / seconds:.0f} tokens/s)")
+        return out
 
     sequences: dict[str, list[Sequence]] = {"train": [], "held": []}
     try:

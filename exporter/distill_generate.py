@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from specx.runtime.backends.ort_session import OrtSession
+from specx.runtime.errors import ExportError
 
 from .check import check_parity
 from .distill_data import TOP, Prompt, Sequence, encode_prompt
@@ -155,11 +156,23 @@ class RuntimeGenerator:
         self.session = OrtSession(folder / spec.graph, spec, ["cpu"])
         self.src = src
         self.rows = rows
+        self.log = log
 
     def __call__(
         self, prompts: list[Prompt], max_new_tokens: int, eos: tuple[int, ...], progress: Any
     ) -> list[Sequence]:
         encoded = [encode_prompt(self.src, p) for p in prompts]
+        room = MAX_LENGTH - max_new_tokens - 1  # the graph's positions, less the answer's
+        if room < 1:
+            raise ExportError(
+                f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the "
+                f"{MAX_LENGTH} positions the runtime route decodes",
+                "ask for fewer new tokens, or pass --generator transformers",
+            )
+        long = sum(len(e) > room for e in encoded)
+        if long:
+            self.log(f"    {long} prompts longer than {room} tokens: their last {room} are read")
+            encoded = [e[-room:] for e in encoded]
         bar = progress(total=len(prompts), desc="answers", unit="prompt")
         try:
             return decode_recorded(
