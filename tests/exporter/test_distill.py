@@ -158,12 +158,13 @@ def test_distill_reads_the_users_prompt_and_text_files(tmp_path: Path, tokenizer
 
 
 def test_the_runtime_records_in_its_passes_what_transformers_generates_and_computes(
-    tmp_path: Path, tokenizer: Any
+    tmp_path: Path, tokenizer: Any, monkeypatch: Any
 ) -> None:
     """The CPU route (an exported graph decoding with continuous batching, recording as it goes)
     gives the same answers, taps and soft labels as transformers' generate plus a recording pass,
     for prompts of different lengths sharing passes, rows joining as others finish."""
     import tiny_models
+    from specx.exporter import distill_generate
     from specx.exporter.distill import _progress, default_taps
     from specx.exporter.distill_data import (
         Prompt,
@@ -173,6 +174,7 @@ def test_the_runtime_records_in_its_passes_what_transformers_generates_and_compu
     )
     from specx.exporter.distill_generate import RuntimeGenerator, runtime_generation_possible
     from specx.exporter.load import eos_token_ids, load_source
+    from specx.runtime.errors import ExportError
 
     model = tiny_models.build_model("llama", tokenizer.get_vocab_size(), seed=1, layers=4)
     src = load_source(str(tiny_models.save(model, tokenizer, tmp_path / "target")), print)
@@ -185,6 +187,16 @@ def test_the_runtime_records_in_its_passes_what_transformers_generates_and_compu
     generator = RuntimeGenerator(src, taps, 3, logs.append)  # 7 prompts through 3 rows
     try:
         got = generator(prompts, 12, eos, bar)
+        with pytest.raises(ExportError, match="no room for a prompt"):
+            generator(prompts, distill_generate.MAX_LENGTH, eos, bar)
+        # a prompt longer than the graph's positions leave: its last tokens are read
+        monkeypatch.setattr(distill_generate, "MAX_LENGTH", 40)
+        (tail,) = generator(prompts[-1:], 12, eos, bar)
+        assert tail.first_label == 40 - 12 - 1 < len(got[-1].ids[: got[-1].first_label])
+        assert np.array_equal(
+            tail.ids[: tail.first_label], got[-1].ids[: got[-1].first_label][-27:]
+        )
+        assert any("prompts longer than 27 tokens" in m for m in logs)
     finally:
         generator.close()
     assert any("specx's runtime" in m for m in logs)
