@@ -20,18 +20,9 @@ import time
 
 import numpy as np
 
+from specx.apps.bench.timing import median_ms
 from specx.runtime import Pipeline
 from specx.runtime.backends.ort_session import use_global_thread_pool
-
-
-def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times)
 
 
 def one_token_rows(pipe: Pipeline, past: int, repeats: int) -> None:

@@ -32,6 +32,7 @@ import onnxruntime as ort
 
 from specx.apps.bench.concurrency import together_batches
 from specx.apps.bench.runner import load_workloads
+from specx.apps.bench.timing import median_ms
 from specx.runtime import Pipeline, contract
 from specx.runtime.batch_widths import WidthPlanner
 from specx.runtime.batching import BatchDecoder
@@ -124,16 +125,6 @@ def print_parts(parts: dict[str, dict[str, float]]) -> None:
             f"{mode:>8} {med['steps']:>6.0f} {med['tok/s']:>7.1f} {med['step']:>7.2f} "
             f"{med['onnxruntime']:>7.2f} {med['planner']:>8.3f} {med['rest']:>7.2f}"
         )
-
-
-def median_ms(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times)
 
 
 def prefill_logits(pipe: Pipeline, tokens: int, repeats: int) -> dict[str, float]:
