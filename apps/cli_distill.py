@@ -29,6 +29,14 @@ from specx.apps.cli_common import debug_option, user_errors
     help="Text files to learn the target's predictions on, as they are; repeatable.",
 )
 @click.option("--max-prompts", type=int, default=0, help="Use at most N first-round prompts.")
+@click.option(
+    "--self-prompts",
+    type=int,
+    default=800,
+    show_default=True,
+    help="Requests the target writes itself (its chat template's user turn, sampled), added to "
+    "the shipped prompts; 0: none.",
+)
 @click.option("--max-new-tokens", type=int, default=160, show_default=True, help="Per answer.")
 @click.option(
     "--grounded",
@@ -75,6 +83,7 @@ def distill(
     prompts: tuple[Path, ...],
     texts: tuple[Path, ...],
     max_prompts: int,
+    self_prompts: int,
     max_new_tokens: int,
     grounded: int,
     draft_vocab: int,
@@ -107,6 +116,7 @@ def distill(
         ) from e
     for name, value, low in (
         ("--max-prompts", max_prompts, 0),
+        ("--self-prompts", self_prompts, 0),
         ("--max-new-tokens", max_new_tokens, 1),
         ("--grounded", grounded, 0),
         ("--draft-vocab", draft_vocab, 0),
@@ -122,6 +132,7 @@ def distill(
         prompts=prompts,
         texts=texts,
         max_prompts=max_prompts,
+        self_prompts=self_prompts,
         max_new_tokens=max_new_tokens,
         grounded=grounded,
         draft_vocab=draft_vocab,

@@ -46,6 +46,7 @@ from .distill_data import (
     text_windows,
 )
 from .distill_generate import RuntimeGenerator, runtime_generation_possible
+from .distill_self_prompts import self_written_prompts
 from .feature_head import FeatureHead, HeadConfig
 from .load import Log, eos_token_ids, load_source, model_vocab_size
 from .wrap import apply_rotary
@@ -60,6 +61,9 @@ class DistillOptions:
     prompts: tuple[Path, ...] = ()  # the user's prompt files (none: the shipped set)
     texts: tuple[Path, ...] = ()  # the user's text files (read as they are)
     max_prompts: int = 0  # at most this many first-round prompts (0: all)
+    # requests the target writes itself (chat template's user turn, sampled), added to the
+    # shipped prompts (not to the user's own)
+    self_prompts: int = 800
     max_new_tokens: int = 160  # per answer
     grounded: int = 240  # second-round grounded tasks over the target's own answers
     draft_vocab: int = 8192  # ids the head scores (0 or >= the vocabulary: all)
@@ -474,7 +478,6 @@ def collect_data(
     rng = np.random.default_rng(options.seed)
     if options.max_prompts and len(first) > options.max_prompts:
         first = [first[i] for i in sorted(rng.choice(len(first), options.max_prompts, False))]
-    train_prompts, held_prompts = _split(first, options.held_out, options.seed)
     generator = _runtime_generator(src, taps, options, log)
 
     def answer(prompts: list[Any]) -> list[Sequence]:
@@ -492,6 +495,14 @@ def collect_data(
 
     sequences: dict[str, list[Sequence]] = {"train": [], "held": []}
     try:
+        if not options.prompts and not options.texts and options.self_prompts:
+            t0 = time.perf_counter()
+            first += self_written_prompts(
+                src, options.self_prompts, eos, generator, options.generate_batch,
+                options.seed, log,
+            )  # fmt: skip
+            log(f"    written in {time.perf_counter() - t0:.0f} s")
+        train_prompts, held_prompts = _split(first, options.held_out, options.seed)
         for part, prompts in (("train", train_prompts), ("held", held_prompts)):
             if not prompts:
                 continue

@@ -48,6 +48,14 @@ def top_distribution(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ids.astype(np.int32), np.exp(values - log_z).astype(np.float16)
 
 
+def sample_token(logits: np.ndarray, rng: np.random.Generator) -> int:
+    """A token drawn from softmax(logits) (temperature 1, the whole vocabulary)."""
+    z = logits.astype(np.float64)
+    cumulative = np.cumsum(np.exp(z - z.max()))  # [vocab]
+    draw = rng.random() * cumulative[-1]
+    return int(min(np.searchsorted(cumulative, draw, side="right"), len(cumulative) - 1))
+
+
 @dataclass
 class _Row:
     """One sequence being decoded: its ids so far and what the passes recorded of them."""
@@ -66,8 +74,11 @@ class _Row:
         self.top_probs.append(top_probs)
 
     def sequence(self) -> Sequence:
+        ids = np.asarray(self.ids, np.int64)
+        if not self.features:  # decoded without recording
+            return Sequence(ids, self.first_label)
         return Sequence(
-            np.asarray(self.ids, np.int64),
+            ids,
             self.first_label,
             np.concatenate(self.features),
             np.concatenate(self.top_ids),
@@ -82,9 +93,12 @@ def decode_recorded(
     rows: int,
     eos: tuple[int, ...],
     on_done: Callable[[int], None] = lambda _n: None,
+    pick: Callable[[int, np.ndarray], int] | None = None,
+    record: bool = True,
 ) -> list[Sequence]:
     """Greedy answers to `prompts` (token ids) with their taps and top-8 distributions at every
-    position, prompt included; up to `rows` sequences per pass."""
+    position, prompt included; up to `rows` sequences per pass. `pick(prompt index, logits)`
+    chooses the tokens instead of argmax (sampling); without `record` nothing is kept but ids."""
     if not prompts:
         return []
     capacity = max(len(p) for p in prompts) + max_new_tokens + 1
@@ -95,7 +109,7 @@ def decode_recorded(
     stops = set(eos)
 
     def choose(row: _Row, logits_last: np.ndarray) -> None:
-        token = int(np.argmax(logits_last))
+        token = int(np.argmax(logits_last)) if pick is None else pick(row.index, logits_last)
         row.ids.append(token)
         row.done = token in stops or len(row.ids) - row.first_label >= max_new_tokens
 
@@ -110,7 +124,10 @@ def decode_recorded(
                 np.asarray([prompt], np.int64), np.array([len(prompt)]), cache, r
             )
             joined = _Row(i, list(prompt), len(prompt))
-            joined.record(_features(session)[0].astype(np.float16), *top_distribution(logits[0]))
+            if record:
+                joined.record(
+                    _features(session)[0].astype(np.float16), *top_distribution(logits[0])
+                )
             choose(joined, logits[0, -1])
             slots[r] = joined
         active = {r: s for r, s in enumerate(slots) if s is not None}
@@ -121,11 +138,13 @@ def decode_recorded(
             tokens[r - first, 0] = row.ids[-1]
             counts[r - first] = 1
         logits = session.forward_rows(tokens, counts, cache, first)  # [rows, 1, vocab]
-        features = _features(session).astype(np.float16)  # [rows, 1, F]
-        top_ids, top_probs = top_distribution(logits[:, 0])  # [rows, TOP] each, all rows at once
+        if record:
+            features = _features(session).astype(np.float16)  # [rows, 1, F]
+            top_ids, top_probs = top_distribution(logits[:, 0])  # [rows, TOP] each, all rows
         for r, row in active.items():
             j = r - first
-            row.record(features[j], top_ids[j : j + 1], top_probs[j : j + 1])
+            if record:
+                row.record(features[j], top_ids[j : j + 1], top_probs[j : j + 1])
             if row.done:  # its last token is read: every position has its record
                 out[row.index] = row.sequence()
                 slots[r] = None
@@ -180,6 +199,19 @@ class RuntimeGenerator:
             )
         finally:
             bar.close()
+
+    def sample(
+        self, prefix: list[int], n: int, max_new_tokens: int, eos: tuple[int, ...], seed: int
+    ) -> list[list[int]]:
+        """n continuations of `prefix` sampled at temperature 1 (each from its own seeded
+        generator, so that a continuation does not depend on the rows it shared passes with),
+        nothing recorded: the tokens after the prefix, a stop token included where one came."""
+        rngs = [np.random.default_rng([seed, i]) for i in range(n)]
+        out = decode_recorded(
+            self.session, [prefix] * n, max_new_tokens, self.rows, eos,
+            pick=lambda i, logits: sample_token(logits, rngs[i]), record=False,
+        )  # fmt: skip
+        return [s.ids[s.first_label :].tolist() for s in out]
 
     def close(self) -> None:
         del self.session

@@ -31,6 +31,7 @@ def distilled(tmp_path_factory: Any, tokenizer: Any) -> dict[str, Any]:
     source = tiny_models.save(model, tokenizer, root / "target")
     options = DistillOptions(
         max_prompts=40,
+        self_prompts=6,
         max_new_tokens=32,
         grounded=8,
         draft_vocab=160,
@@ -81,6 +82,7 @@ def test_distill_writes_a_speculators_eagle3_head_and_a_held_out_report(
     assert report["seconds"]["training"] <= 0.4 * 60 + 5
     assert report["train_loss"] > 0
     assert any("held-out acceptance" in line for line in distilled["logs"])
+    assert any("requests of its own" in line for line in distilled["logs"])
 
 
 def test_a_distilled_head_drafts_what_the_target_says_on_its_training_prompts(
@@ -209,6 +211,59 @@ def test_the_runtime_records_in_its_passes_what_transformers_generates_and_compu
         assert np.allclose(g.features, w.features, rtol=1e-2, atol=1e-2)
         assert np.array_equal(g.top_ids[:, 0], w.top_ids[:, 0])  # type: ignore[index]
         assert np.allclose(g.top_probs, w.top_probs, atol=2e-3)  # type: ignore[arg-type]
+
+
+def test_the_target_writes_requests_of_its_own_from_its_chat_templates_user_turn(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """Self-written prompts: the chat template's opening of a user turn, continued by sampling
+    at temperature 1 from the target itself (each continuation from its own seed, so not from
+    the rows it shared passes with); whole turns kept, each once."""
+    import tiny_models
+    from specx.exporter.distill import default_taps
+    from specx.exporter.distill_generate import RuntimeGenerator, sample_token
+    from specx.exporter.distill_self_prompts import (
+        _sample_transformers,
+        keep_requests,
+        self_written_prompts,
+        user_turn_prefix,
+    )
+    from specx.exporter.load import eos_token_ids, load_source
+
+    model = tiny_models.build_model("llama", tokenizer.get_vocab_size(), seed=1, layers=4)
+    src = load_source(str(tiny_models.save(model, tokenizer, tmp_path / "target")), print)
+    prefix = user_turn_prefix(src)
+    assert prefix == src.tokenizer("<s>user\n", add_special_tokens=False)["input_ids"]
+    eos = eos_token_ids(src)
+    logs: list[str] = []
+    generator = RuntimeGenerator(src, default_taps(4), 3, logs.append)
+    try:
+        together = generator.sample(prefix, 5, 10, eos, seed=7)
+        generator.rows = 1
+        alone = generator.sample(prefix, 5, 10, eos, seed=7)
+        other_seed = generator.sample(prefix, 5, 10, eos, seed=8)
+        generator.rows = 4
+        prompts = self_written_prompts(src, 3, eos, generator, 8, 0, logs.append)
+    finally:
+        generator.close()
+    assert together == alone != other_seed
+    assert all(0 < len(c) <= 10 and (len(c) == 10 or c[-1] in eos) for c in together)
+    assert len({tuple(c) for c in together}) == 5  # sampled, not greedy
+    assert len(prompts) <= 3 and all(p.chat for p in prompts)
+    assert any("requests of its own" in m for m in logs)
+    by_transformers = _sample_transformers(src, prefix, 4, eos, 3, seed=0)
+    assert len(by_transformers) == 4
+    assert all(0 < len(c) <= 64 and (len(c) == 64 or c[-1] in eos) for c in by_transformers)
+    # the draws follow softmax(logits)
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05]))
+    rng = np.random.default_rng(0)
+    counts = np.bincount([sample_token(logits, rng) for _ in range(4000)], minlength=4)
+    assert np.allclose(counts / 4000, [0.5, 0.3, 0.15, 0.05], atol=0.03)
+    assert keep_requests(["Tell me a joke", " tell  me a JOKE ", "Hi", "Plan a trip now"], 5) == [
+        "Tell me a joke",
+        "Plan a trip now",
+    ]
+    assert keep_requests(["one two three", "four five six"], 1) == ["one two three"]
 
 
 def test_the_shipped_prompts_share_nothing_with_the_bench_workloads() -> None:
