@@ -28,7 +28,13 @@ from specx.apps.cli_common import debug_option, user_errors
     type=click.Path(path_type=Path),
     help="Text files to learn the target's predictions on, as they are; repeatable.",
 )
-@click.option("--max-prompts", type=int, default=0, help="Use at most N first-round prompts.")
+@click.option(
+    "--max-prompts",
+    type=int,
+    default=None,
+    help="Use at most N first-round prompts, sampled (0: all). Default: all of yours, 700 of the "
+    "shipped templated set.",
+)
 @click.option(
     "--self-prompts",
     type=int,
@@ -82,7 +88,7 @@ def distill(
     output: Path,
     prompts: tuple[Path, ...],
     texts: tuple[Path, ...],
-    max_prompts: int,
+    max_prompts: int | None,
     self_prompts: int,
     max_new_tokens: int,
     grounded: int,
@@ -115,7 +121,7 @@ def distill(
             "pip install 'specx[export]' (install torch first: pip install torch==2.13.0)",
         ) from e
     for name, value, low in (
-        ("--max-prompts", max_prompts, 0),
+        ("--max-prompts", max_prompts or 0, 0),
         ("--self-prompts", self_prompts, 0),
         ("--max-new-tokens", max_new_tokens, 1),
         ("--grounded", grounded, 0),

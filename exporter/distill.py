@@ -54,13 +54,18 @@ from .wrap import apply_rotary
 DATA_FILE = "data.npz"
 CHECKPOINT_FILE = "checkpoint.pt"
 REPORT_FILE = "distill_report.json"
+# the shipped templated prompts used by default (of 1506): with 800 self-written requests, the
+# data of a SmolLM2-135M run on 2 CPU cores takes about 40 minutes
+SHIPPED_PROMPTS = 700
 
 
 @dataclass(frozen=True)
 class DistillOptions:
     prompts: tuple[Path, ...] = ()  # the user's prompt files (none: the shipped set)
     texts: tuple[Path, ...] = ()  # the user's text files (read as they are)
-    max_prompts: int = 0  # at most this many first-round prompts (0: all)
+    # at most this many first-round prompts, sampled (0: all); None: all of the user's, and
+    # SHIPPED_PROMPTS of the shipped templated set (self-written ones come on top)
+    max_prompts: int | None = None
     # requests the target writes itself (chat template's user turn, sampled), added to the
     # shipped prompts (not to the user's own)
     self_prompts: int = 800
@@ -97,6 +102,8 @@ class DistillReport:
     epochs: float = 0.0
     train_loss: float = 0.0
     held_out_acceptance: list[float] = field(default_factory=list)  # conditional, per position
+    # the same per kind of prompt (templated, self-written, code, grounded, user, text)
+    held_out_by_kind: dict[str, list[float]] = field(default_factory=dict)
     held_out_tokens_per_pass: dict[str, float] = field(default_factory=dict)  # by K
     draft_vocab_coverage: float = 0.0  # share of held-out answer tokens inside the draft vocab
 
@@ -476,8 +483,11 @@ def collect_data(
         chat, code = shipped_prompts()
         first = chat + code
     rng = np.random.default_rng(options.seed)
-    if options.max_prompts and len(first) > options.max_prompts:
-        first = [first[i] for i in sorted(rng.choice(len(first), options.max_prompts, False))]
+    most = options.max_prompts
+    if most is None:
+        most = 0 if options.prompts else SHIPPED_PROMPTS
+    if most and len(first) > most:
+        first = [first[i] for i in sorted(rng.choice(len(first), most, False))]
     generator = _runtime_generator(src, taps, options, log)
 
     def answer(prompts: list[Any]) -> list[Sequence]:
@@ -489,6 +499,8 @@ def collect_data(
                 src, prompts, options.max_new_tokens, options.generate_batch, eos, log, progress
             )
         seconds = time.perf_counter() - t0
+        for sequence, prompt in zip(out, prompts, strict=True):
+            sequence.kind = prompt.kind
         tokens = sum(len(s.ids) - s.first_label for s in out)
         log(f"    {tokens} answer tokens in {seconds:.0f} s ({tokens / seconds:.0f} tokens/s)")
         return out
@@ -499,7 +511,7 @@ def collect_data(
             t0 = time.perf_counter()
             first += self_written_prompts(
                 src, options.self_prompts, eos, generator, options.generate_batch,
-                options.seed, log,
+                options.seed, log, progress,
             )  # fmt: skip
             log(f"    written in {time.perf_counter() - t0:.0f} s")
         train_prompts, held_prompts = _split(first, options.held_out, options.seed)
@@ -684,6 +696,13 @@ def distill(
     conditional, coverage = held_out_acceptance(
         head, held or train[:16], to_draft, options.steps, device
     )
+    by_kind: dict[str, list[float]] = {}
+    for kind in sorted({s.kind for s in held if s.kind}):
+        of_kind = [s for s in held if s.kind == kind]
+        by_kind[kind] = [
+            round(a, 4)
+            for a in held_out_acceptance(head, of_kind, to_draft, options.steps, device)[0]
+        ]
     report = DistillReport(
         target=target,
         taps=list(taps),
@@ -702,6 +721,7 @@ def distill(
         epochs=round(epochs, 3),
         train_loss=round(float(state["loss"]), 4),
         held_out_acceptance=[round(a, 4) for a in conditional],
+        held_out_by_kind=by_kind,
         held_out_tokens_per_pass={
             str(k): round(tokens_per_pass(conditional, k), 3) for k in range(1, options.steps + 1)
         },
@@ -715,6 +735,9 @@ def distill(
         f"tokens per target pass {report.held_out_tokens_per_pass}; "
         f"{coverage:.1%} of held-out answer tokens inside the draft vocabulary"
     )
+    for kind, figures in by_kind.items():
+        n = sum(s.kind == kind for s in held)
+        log(f"  held-out acceptance, {kind} prompts ({n}): {figures}")
     log(f"wrote {output} (speculators EAGLE-3 layout); use: specx export --draft eagle={output}")
     return report
 

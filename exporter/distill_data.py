@@ -117,13 +117,16 @@ GROUNDED_TEMPLATES = (
 class Prompt:
     text: str
     chat: bool  # goes through the target's chat template
+    kind: str = "user"  # where it comes from: templated, self-written, code, grounded, user
 
 
 def shipped_prompts() -> tuple[list[Prompt], list[Prompt]]:
     """(first-round prompts: chat and code; grounded templates come after, over answers)."""
-    chat = [Prompt(t.format(t=topic), True) for topic in TOPICS for t in CHAT_TEMPLATES]
+    chat = [
+        Prompt(t.format(t=topic), True, "templated") for topic in TOPICS for t in CHAT_TEMPLATES
+    ]
     code = [
-        Prompt(stub.format(name=name, args=args, doc=doc), False)
+        Prompt(stub.format(name=name, args=args, doc=doc), False, "code")
         for name, args, doc in CODE_TASKS
         for stub in CODE_STUBS
     ]
@@ -134,7 +137,11 @@ def grounded_prompts(passages: list[str], seed: int = 0) -> list[Prompt]:
     """Tasks over passages (the target's own first-round answers), one template each."""
     rng = np.random.default_rng(seed)
     return [
-        Prompt(GROUNDED_TEMPLATES[int(rng.integers(len(GROUNDED_TEMPLATES)))].format(p=p), True)
+        Prompt(
+            GROUNDED_TEMPLATES[int(rng.integers(len(GROUNDED_TEMPLATES)))].format(p=p),
+            True,
+            "grounded",
+        )
         for p in passages
     ]
 
@@ -178,6 +185,7 @@ class Sequence:
     features: np.ndarray | None = None  # [T, F] float16: the taps, concatenated
     top_ids: np.ndarray | None = None  # [T, 8] int32: the target's likeliest next tokens
     top_probs: np.ndarray | None = None  # [T, 8] float16: their probabilities
+    kind: str = ""  # its prompt's kind (Prompt.kind), "text" for a window of a text file
 
 
 def encode_prompt(src: SourceModel, prompt: Prompt) -> list[int]:
@@ -255,7 +263,7 @@ def text_windows(src: SourceModel, paths: list[Path], window: int) -> list[Seque
         for start in range(0, max(1, len(ids) - 8), window):
             part = ids[start : start + window]
             if len(part) >= 8:
-                sequences.append(Sequence(np.asarray(part, np.int64), 1))
+                sequences.append(Sequence(np.asarray(part, np.int64), 1, kind="text"))
     return sequences
 
 
@@ -313,6 +321,7 @@ def save_sequences(sequences: list[Sequence], path: Path) -> None:
         features=np.concatenate([s.features for s in sequences if s.features is not None]),
         top_ids=np.concatenate([s.top_ids for s in sequences if s.top_ids is not None]),
         top_probs=np.concatenate([s.top_probs for s in sequences if s.top_probs is not None]),
+        kinds=np.array([s.kind for s in sequences], dtype=str),
     )
     tmp.replace(path)
 
@@ -322,7 +331,8 @@ def load_sequences(path: Path) -> list[Sequence]:
         data = {name: npz[name] for name in npz.files}
     out = []
     offset = 0
-    for n, first in zip(data["lengths"], data["first_label"], strict=True):
+    kinds = data.get("kinds", np.full(len(data["lengths"]), ""))  # older data has none
+    for n, first, kind in zip(data["lengths"], data["first_label"], kinds, strict=True):
         part = slice(offset, offset + int(n))
         out.append(
             Sequence(
@@ -331,6 +341,7 @@ def load_sequences(path: Path) -> list[Sequence]:
                 data["features"][part],
                 data["top_ids"][part],
                 data["top_probs"][part],
+                str(kind),
             )
         )
         offset += int(n)

@@ -201,14 +201,20 @@ class RuntimeGenerator:
             bar.close()
 
     def sample(
-        self, prefix: list[int], n: int, max_new_tokens: int, eos: tuple[int, ...], seed: int
+        self,
+        prefix: list[int],
+        n: int,
+        max_new_tokens: int,
+        eos: tuple[int, ...],
+        seed: int,
+        on_done: Callable[[int], None] = lambda _n: None,
     ) -> list[list[int]]:
         """n continuations of `prefix` sampled at temperature 1 (each from its own seeded
         generator, so that a continuation does not depend on the rows it shared passes with),
         nothing recorded: the tokens after the prefix, a stop token included where one came."""
         rngs = [np.random.default_rng([seed, i]) for i in range(n)]
         out = decode_recorded(
-            self.session, [prefix] * n, max_new_tokens, self.rows, eos,
+            self.session, [prefix] * n, max_new_tokens, self.rows, eos, on_done,
             pick=lambda i, logits: sample_token(logits, rngs[i]), record=False,
         )  # fmt: skip
         return [s.ids[s.first_label :].tolist() for s in out]

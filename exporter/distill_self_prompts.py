@@ -16,6 +16,7 @@ three words, each request once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .distill_data import Prompt
@@ -57,7 +58,13 @@ def keep_requests(texts: list[str], want: int) -> list[str]:
 
 
 def _sample_transformers(
-    src: SourceModel, prefix: list[int], n: int, eos: tuple[int, ...], batch: int, seed: int
+    src: SourceModel,
+    prefix: list[int],
+    n: int,
+    eos: tuple[int, ...],
+    batch: int,
+    seed: int,
+    on_done: Callable[[int], None] = lambda _n: None,
 ) -> list[list[int]]:
     import torch
 
@@ -83,6 +90,7 @@ def _sample_transformers(
         for row in generated[:, len(prefix) :].tolist():
             ended = [j for j, t in enumerate(row) if t in eos]
             out.append(row[: ended[0] + 1] if ended else row)
+        on_done(rows)
     return out
 
 
@@ -94,6 +102,7 @@ def self_written_prompts(
     batch: int,
     seed: int,
     log: Log,
+    progress: Any = None,
 ) -> list[Prompt]:
     """Up to n chat prompts the target writes itself (see the module); [] without a chat
     template. `generator`: the runtime route (its `sample`) or None for transformers."""
@@ -104,10 +113,16 @@ def self_written_prompts(
         return []
     stops = set(eos)
     sampled = int(n * OVERSAMPLE) + 1
-    if generator is not None:
-        rows = generator.sample(prefix, sampled, MAX_REQUEST_TOKENS, eos, seed)
-    else:
-        rows = _sample_transformers(src, prefix, sampled, eos, batch, seed)
+    bar = progress(total=sampled, desc="requests", unit="request") if progress else None
+    on_done = bar.update if bar is not None else (lambda _n: None)
+    try:
+        if generator is not None:
+            rows = generator.sample(prefix, sampled, MAX_REQUEST_TOKENS, eos, seed, on_done)
+        else:
+            rows = _sample_transformers(src, prefix, sampled, eos, batch, seed, on_done)
+    finally:
+        if bar is not None:
+            bar.close()
     texts = [
         src.tokenizer.decode(row, skip_special_tokens=True)
         for row in rows
@@ -118,4 +133,4 @@ def self_written_prompts(
         f"  the target wrote {len(kept)} requests of its own ({len(rows)} sampled, "
         f"{len(texts)} ended their turn)"
     )
-    return [Prompt(text, True) for text in kept]
+    return [Prompt(text, True, "self-written") for text in kept]

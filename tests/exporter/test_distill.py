@@ -78,6 +78,19 @@ def test_distill_writes_a_speculators_eagle3_head_and_a_held_out_report(
     assert report["tokens"]["train"] > 1000
     assert len(report["held_out_acceptance"]) == 3
     assert all(0.0 <= a <= 1.0 for a in report["held_out_acceptance"])
+    by_kind = report["held_out_by_kind"]
+    assert "templated" in by_kind and set(by_kind) <= {
+        "templated",
+        "code",
+        "self-written",
+        "grounded",
+    }
+    assert all(len(v) == 3 for v in by_kind.values())
+    from specx.exporter.distill import DATA_FILE
+    from specx.exporter.distill_data import load_sequences
+
+    kinds = {s.kind for s in load_sequences(head / DATA_FILE)}  # kept with the data
+    assert "templated" in kinds and kinds <= {"templated", "code", "self-written", "grounded"}
     assert report["held_out_tokens_per_pass"]["1"] >= 1.0
     assert report["seconds"]["training"] <= 0.4 * 60 + 5
     assert report["train_loss"] > 0
@@ -109,6 +122,35 @@ def test_a_distilled_head_drafts_what_the_target_says_on_its_training_prompts(
         accepted += got.stats.accepted
         proposed += got.stats.proposed
     assert proposed > 0 and accepted / proposed > 0.3, (accepted, proposed)
+
+
+def test_head_acceptance_script_measures_the_bench_prompts_as_the_held_out_report_does(
+    distilled: dict[str, Any],
+) -> None:
+    """scripts/head_acceptance.py: the target answers the bench's prompts and the head's chains
+    are scored on them; on the head's stored held-out data it gives the report's figures."""
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "scripts" / "head_acceptance.py"
+    spec = importlib.util.spec_from_file_location("head_acceptance", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    lines: list[str] = []
+    got = script.measure(
+        str(distilled["source"]), distilled["head"], ["chat", "code"], 12, 3, True, lines.append
+    )
+    assert {"chat", "code", "stored held-out", "stored templated"} <= set(got)
+    assert len(lines) == len(got)
+    for figures in got.values():
+        assert len(figures["acceptance"]) == 3
+        assert all(0.0 <= a <= 1.0 for a in figures["acceptance"])
+        assert 1.0 <= figures["tokens_per_pass"]["1"] <= figures["tokens_per_pass"]["3"] <= 4.0
+        assert figures["answer_tokens"] > 0
+    assert got["chat"]["answer_tokens"] <= 5 * 12
+    report = json.loads((distilled["head"] / "distill_report.json").read_text())
+    want = [round(a, 3) for a in report["held_out_acceptance"]]
+    assert got["stored held-out"]["acceptance"] == pytest.approx(want, abs=1e-3)
 
 
 def test_distill_resumes_from_its_checkpoint_without_generating_again(
@@ -154,7 +196,8 @@ def test_distill_reads_the_users_prompt_and_text_files(tmp_path: Path, tokenizer
         prompts=(prompts,), texts=(text,), max_new_tokens=16, train_minutes=0.05, draft_vocab=0
     )
     report = distill(str(source), tmp_path / "head", options, log=lambda _m: None)
-    assert report.sequences["train"] >= 10
+    assert report.sequences["train"] >= 10  # every one of the user's prompts (no sampling)
+    assert report.held_out_by_kind and set(report.held_out_by_kind) <= {"user", "text"}
     assert report.draft_vocab == tokenizer.get_vocab_size()  # 0: the whole vocabulary
     assert report.taps == [2, 2, 1]
 
@@ -220,7 +263,7 @@ def test_the_target_writes_requests_of_its_own_from_its_chat_templates_user_turn
     at temperature 1 from the target itself (each continuation from its own seed, so not from
     the rows it shared passes with); whole turns kept, each once."""
     import tiny_models
-    from specx.exporter.distill import default_taps
+    from specx.exporter.distill import _progress, default_taps
     from specx.exporter.distill_generate import RuntimeGenerator, sample_token
     from specx.exporter.distill_self_prompts import (
         _sample_transformers,
@@ -243,7 +286,9 @@ def test_the_target_writes_requests_of_its_own_from_its_chat_templates_user_turn
         alone = generator.sample(prefix, 5, 10, eos, seed=7)
         other_seed = generator.sample(prefix, 5, 10, eos, seed=8)
         generator.rows = 4
-        prompts = self_written_prompts(src, 3, eos, generator, 8, 0, logs.append)
+        prompts = self_written_prompts(
+            src, 3, eos, generator, 8, 0, logs.append, _progress(lambda _m: None)
+        )
     finally:
         generator.close()
     assert together == alone != other_seed
@@ -296,6 +341,8 @@ def test_distill_refuses_bad_options_with_exit_2_and_leaves_nothing(tmp_path: Pa
         (["--prompts", str(tmp_path / "missing.txt")], "does not exist"),
         (["--batch-size", "0"], "--batch-size must be at least 1"),
         (["--generate-rows", "0"], "--generate-rows must be at least 1"),
+        (["--self-prompts", "-1"], "--self-prompts must be at least 0"),
+        (["--max-prompts", "-1"], "--max-prompts must be at least 0"),
     ):
         result = runner.invoke(main, ["distill", "some/model", "-o", str(out), *args])
         assert result.exit_code == 2, result.output
