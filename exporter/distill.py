@@ -1,8 +1,9 @@
 """`specx distill`: train an EAGLE-3-style feature draft for a target that has none.
 
-1. data (distill_data.py): the target answers prompts greedily; one target pass per sequence
-   records its hidden states at three layers (low, middle, high) and its next-token
-   distributions;
+1. data (distill_data.py): the target answers prompts greedily (the shipped templates, requests
+   it wrote itself: distill_self_prompts.py, grounded tasks over its answers, or the user's);
+   the passes (distill_generate.py) or one more pass per sequence record its hidden states at
+   three layers (low, middle, high) and its next-token distributions;
 2. a draft vocabulary: the most frequent ids of the answers (a reduced LM head is most of what
    makes a head cheap on a small target), with EAGLE-3's d2t/t2d maps;
 3. training with "training-time test" (EAGLE-3): each position is unrolled for `steps` draft
@@ -10,7 +11,7 @@
    before it plus its own chain, as the drafter does at run time; soft cross-entropy against
    the target's distribution, weighted 0.8^(j-1);
 4. a held-out report: per-position acceptance of greedy chain drafts on prompts never trained on,
-   and the mean tokens per target pass that gives for K = 1..steps;
+   overall and per kind of prompt, and the mean tokens per target pass that gives for K;
 5. the head in vLLM speculators' EAGLE-3 layout (config.json + model.safetensors), which
    `specx export --draft eagle=DIR` reads, and so can vLLM.
 

@@ -2,7 +2,8 @@
 target computes on them.
 
 Prompts: a set specx ships (templated chat questions over many topics, code stubs to complete,
-and grounded tasks over passages the target wrote itself in the first round), or the user's own
+and grounded tasks over passages the target wrote itself in the first round), requests the
+target writes itself (distill_self_prompts.py), or the user's own
 (``--prompts`` files, one prompt per line or a JSON list; ``--text`` files, read as they are).
 None of the shipped prompts is one of `specx bench`'s (a test checks it).
 
