@@ -20,6 +20,15 @@ from specx.runtime.settings import GenerationSettings
 pytestmark = needs_exporter
 
 
+def _tiny_source(tokenizer: Any, folder: Path) -> tuple[Any, Any]:
+    """A tiny random Llama target, saved and loaded as `specx distill` loads one."""
+    import tiny_models
+    from specx.exporter.load import load_source
+
+    model = tiny_models.build_model("llama", tokenizer.get_vocab_size(), seed=1, layers=4)
+    return model, load_source(str(tiny_models.save(model, tokenizer, folder / "target")), print)
+
+
 @pytest.fixture(scope="module")
 def distilled(tmp_path_factory: Any, tokenizer: Any) -> dict[str, Any]:
     import tiny_models
@@ -208,7 +217,6 @@ def test_the_runtime_records_in_its_passes_what_transformers_generates_and_compu
     """The CPU route (an exported graph decoding with continuous batching, recording as it goes)
     gives the same answers, taps and soft labels as transformers' generate plus a recording pass,
     for prompts of different lengths sharing passes, rows joining as others finish."""
-    import tiny_models
     from specx.exporter import distill_generate
     from specx.exporter.distill import _progress, default_taps
     from specx.exporter.distill_data import (
@@ -218,11 +226,10 @@ def test_the_runtime_records_in_its_passes_what_transformers_generates_and_compu
         shipped_prompts,
     )
     from specx.exporter.distill_generate import RuntimeGenerator, runtime_generation_possible
-    from specx.exporter.load import eos_token_ids, load_source
+    from specx.exporter.load import eos_token_ids
     from specx.runtime.errors import ExportError
 
-    model = tiny_models.build_model("llama", tokenizer.get_vocab_size(), seed=1, layers=4)
-    src = load_source(str(tiny_models.save(model, tokenizer, tmp_path / "target")), print)
+    model, src = _tiny_source(tokenizer, tmp_path)
     assert runtime_generation_possible(src, "cpu") is None
     assert runtime_generation_possible(src, "cuda") is not None
     chat, code = shipped_prompts()
@@ -262,7 +269,6 @@ def test_the_target_writes_requests_of_its_own_from_its_chat_templates_user_turn
     """Self-written prompts: the chat template's opening of a user turn, continued by sampling
     at temperature 1 from the target itself (each continuation from its own seed, so not from
     the rows it shared passes with); whole turns kept, each once."""
-    import tiny_models
     from specx.exporter.distill import _progress, default_taps
     from specx.exporter.distill_generate import RuntimeGenerator, sample_token
     from specx.exporter.distill_self_prompts import (
@@ -271,10 +277,9 @@ def test_the_target_writes_requests_of_its_own_from_its_chat_templates_user_turn
         self_written_prompts,
         user_turn_prefix,
     )
-    from specx.exporter.load import eos_token_ids, load_source
+    from specx.exporter.load import eos_token_ids
 
-    model = tiny_models.build_model("llama", tokenizer.get_vocab_size(), seed=1, layers=4)
-    src = load_source(str(tiny_models.save(model, tokenizer, tmp_path / "target")), print)
+    _, src = _tiny_source(tokenizer, tmp_path)
     prefix = user_turn_prefix(src)
     assert prefix == src.tokenizer("<s>user\n", add_special_tokens=False)["input_ids"]
     eos = eos_token_ids(src)
