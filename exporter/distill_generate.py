@@ -25,6 +25,7 @@ import numpy as np
 
 from specx.runtime.backends.ort_session import OrtSession
 from specx.runtime.errors import ExportError
+from specx.runtime.sampling import sample, softmax
 
 from .check import check_parity
 from .distill_data import TOP, Prompt, Sequence, encode_prompt
@@ -50,10 +51,7 @@ def top_distribution(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def sample_token(logits: np.ndarray, rng: np.random.Generator) -> int:
     """A token drawn from softmax(logits) (temperature 1, the whole vocabulary)."""
-    z = logits.astype(np.float64)
-    cumulative = np.cumsum(np.exp(z - z.max()))  # [vocab]
-    draw = rng.random() * cumulative[-1]
-    return int(min(np.searchsorted(cumulative, draw, side="right"), len(cumulative) - 1))
+    return sample(softmax(logits), rng.random())
 
 
 @dataclass

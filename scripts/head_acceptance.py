@@ -25,14 +25,6 @@ from pathlib import Path
 from typing import Any
 
 
-class _Quiet:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 def measure(
     target: str,
     head_dir: Path,
@@ -45,7 +37,12 @@ def measure(
     import torch
 
     from specx.apps.bench.runner import load_workloads
-    from specx.exporter.distill import default_taps, held_out_acceptance, tokens_per_pass
+    from specx.exporter.distill import (
+        _progress,
+        default_taps,
+        held_out_acceptance,
+        tokens_per_pass,
+    )
     from specx.exporter.distill_data import Prompt, load_sequences
     from specx.exporter.distill_generate import RuntimeGenerator
     from specx.exporter.feature_head import build_head, read_head
@@ -79,7 +76,8 @@ def measure(
         for name in workloads:
             spec = specs[name]
             prompts = [Prompt(p, bool(spec.get("chat"))) for p in spec["prompts"]]
-            answers = generator(prompts, max_new_tokens, eos_token_ids(src), lambda **_k: _Quiet())
+            quiet = _progress(lambda _m: None)
+            answers = generator(prompts, max_new_tokens, eos_token_ids(src), quiet)
             results[name] = figures(answers)
             log(f"{name:10s} {json.dumps(results[name])}")
     finally:
