@@ -6,14 +6,14 @@
    three layers (low, middle, high) and its next-token distributions;
 2. a draft vocabulary: the most frequent ids of the answers (a reduced LM head is most of what
    makes a head cheap on a small target), with EAGLE-3's d2t/t2d maps;
-3. training with "training-time test" (EAGLE-3): each position is unrolled for `steps` draft
-   tokens, step j reading the head's own output of step j - 1 and attending to the true pairs
-   before it plus its own chain, as the drafter does at run time; soft cross-entropy against
-   the target's distribution, weighted 0.8^(j-1);
+3. training (distill_train.py) with "training-time test" (EAGLE-3): each position is unrolled
+   for `steps` draft tokens, step j reading the head's own output of step j - 1 and attending
+   to the true pairs before it plus its own chain, as the drafter does at run time; soft
+   cross-entropy against the target's distribution, weighted 0.8^(j-1);
 4. a held-out report: per-position acceptance of greedy chain drafts on prompts never trained on,
    overall and per kind of prompt, and the mean tokens per target pass that gives for K;
-5. the head in vLLM speculators' EAGLE-3 layout (config.json + model.safetensors), which
-   `specx export --draft eagle=DIR` reads, and so can vLLM.
+5. the head in vLLM speculators' EAGLE-3 layout (config.json + model.safetensors:
+   feature_head.save_speculators), which `specx export --draft eagle=DIR` reads, and so can vLLM.
 
 Checkpoints (DIR/checkpoint.pt, every `checkpoint_every` s and at the end) and the data cache
 (DIR/data.npz) let `--resume` pick up where a run stopped.
@@ -35,7 +35,6 @@ import numpy as np
 from specx.runtime.errors import ExportError
 
 from .distill_data import (
-    TOP,
     Sequence,
     generate_answers,
     grounded_prompts,
@@ -48,9 +47,16 @@ from .distill_data import (
 )
 from .distill_generate import RuntimeGenerator, runtime_generation_possible
 from .distill_self_prompts import self_written_prompts
-from .feature_head import FeatureHead, HeadConfig
+from .distill_train import (
+    batch_tensors,
+    distill_loss,
+    draft_vocabulary,
+    held_out_acceptance,
+    length_batches,
+    tokens_per_pass,
+)
+from .feature_head import FeatureHead, HeadConfig, save_speculators
 from .load import Log, eos_token_ids, load_source, model_vocab_size
-from .wrap import apply_rotary
 
 DATA_FILE = "data.npz"
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -142,294 +148,6 @@ def head_config(target: Any, taps: tuple[int, ...]) -> HeadConfig:
         norm_before_residual=False,
         rope=rope,
     )
-
-
-def draft_vocabulary(sequences: list[Sequence], size: int, vocab: int) -> np.ndarray:
-    """The `size` ids the answers use most (ties: lower id), sorted; all ids when size is 0 or
-    not smaller than the vocabulary."""
-    if size <= 0 or size >= vocab:
-        return np.arange(vocab)
-    counts = np.zeros(vocab, np.int64)
-    for s in sequences:
-        np.add.at(counts, s.ids[s.first_label :], 1)
-        if s.top_ids is not None:
-            np.add.at(counts, s.top_ids[s.first_label :, 0], 1)
-    order = np.lexsort((np.arange(vocab), -counts))
-    return np.sort(order[:size])
-
-
-# -- the unrolled head ---------------------------------------------------------------------------
-
-
-def unrolled_logits(
-    head: FeatureHead, ids: Any, features: Any, valid: Any, steps: int
-) -> list[Any]:
-    """Draft logits over the head's own vocabulary for every position and unroll step.
-
-    ids [B, T], features [B, T, F], valid [B, T] bool. Step j (1-based) at position t reads the
-    pair (step j - 1's hidden_out at t, or fc(features[t]) for j = 1; token t + j) at position
-    t + j - 1, attends to the true pairs 0..t (step 1's keys) and to its own chain (the keys of
-    steps 2..j at t), and predicts token t + j + 1. Returns [B, T, draft_vocab] per step.
-    """
-    import torch
-
-    cfg = head.cfg
-    batch, length = ids.shape
-    heads, kv, dim = cfg.num_heads, cfg.kv_heads, cfg.head_dim
-    groups = heads // kv
-    emb_all = head.embed_tokens(ids)  # [B, T, d]
-    base = torch.arange(length, device=ids.device)[None].expand(batch, -1)
-    causal = base[:, None, :] <= base[:, :, None]  # [B, T(query), T(key)]
-    causal = causal & valid[:, None, :]
-    fused = head.fc(features)  # [B, T, d]
-    keys1 = values1 = None
-    chain_keys: list[Any] = []
-    chain_values: list[Any] = []
-    outputs = []
-    scale = 1.0 / math.sqrt(dim)
-    for j in range(1, steps + 1):
-        # pair at position t + j - 1: token t + j (shifted left by j), the fused state
-        token_emb = torch.roll(emb_all, shifts=-j, dims=1)
-        normed = head.hidden_norm(fused)
-        residual = normed if cfg.norm_before_residual else fused
-        x = torch.cat([head.input_norm(token_emb), normed], dim=-1)
-        positions = base + (j - 1)
-        cos, sin = head.rotary(x, positions)  # [B, T, dim]
-        q = head.q_proj(x).view(batch, length, heads, dim).transpose(1, 2)
-        k = head.k_proj(x).view(batch, length, kv, dim).transpose(1, 2)
-        v = head.v_proj(x).view(batch, length, kv, dim).transpose(1, 2)
-        q = apply_rotary(q, cos[:, None], sin[:, None])  # [B, H, T, dim]
-        k = apply_rotary(k, cos[:, None], sin[:, None])  # [B, kv, T, dim]
-        qg = q.view(batch, kv, groups, length, dim)
-        if j == 1:
-            keys1, values1 = k, v
-            scores = torch.einsum("bkgqd,bksd->bkgqs", qg, k) * scale
-            scores = scores.masked_fill(~causal[:, None, None], float("-inf"))
-            probs = torch.softmax(scores, dim=-1)
-            out = torch.einsum("bkgqs,bksd->bkgqd", probs, v)
-        else:
-            assert keys1 is not None and values1 is not None
-            chain_keys.append(k)
-            chain_values.append(v)
-            scores1 = torch.einsum("bkgqd,bksd->bkgqs", qg, keys1) * scale
-            scores1 = scores1.masked_fill(~causal[:, None, None], float("-inf"))
-            own = [torch.einsum("bkgqd,bkqd->bkgq", qg, ck)[..., None] * scale for ck in chain_keys]
-            probs = torch.softmax(torch.cat([scores1, *own], dim=-1), dim=-1)
-            out = torch.einsum("bkgqs,bksd->bkgqd", probs[..., :length], values1)
-            for i, cv in enumerate(chain_values):
-                out = out + probs[..., length + i, None] * cv[:, :, None]
-        out = out.reshape(batch, heads, length, dim).transpose(1, 2).reshape(batch, length, -1)
-        hidden = residual + head.o_proj(out)
-        y = head.post_norm(hidden)
-        hidden = hidden + head.down_proj(
-            torch.nn.functional.silu(head.gate_proj(y)) * head.up_proj(y)
-        )
-        outputs.append(head.lm_head(head.norm(hidden)).float())
-        fused = hidden
-    return outputs
-
-
-def soft_targets(
-    top_ids: Any, top_probs: Any, to_draft: Any, steps: int, first_label: Any, valid: Any
-) -> list[tuple[Any, Any, Any]]:
-    """Per step j: (draft ids [B, T, TOP], probabilities [B, T, TOP], mask [B, T]) of the target's
-    distribution of token t + j + 1 (its row t + j), renormalised over the draft vocabulary."""
-    import torch
-
-    out = []
-    length = top_ids.shape[1]
-    positions = torch.arange(length, device=top_ids.device)[None]
-    for j in range(1, steps + 1):
-        ids = torch.roll(top_ids, shifts=-j, dims=1)
-        probs = torch.roll(top_probs, shifts=-j, dims=1).float()
-        draft = to_draft[ids]  # [B, T, TOP], -1 outside the draft vocabulary
-        probs = torch.where(draft >= 0, probs, torch.zeros_like(probs))
-        total = probs.sum(-1, keepdim=True)
-        label_pos = positions + j + 1  # the token predicted
-        mask = (
-            (label_pos < length)
-            & (label_pos >= first_label[:, None])
-            & torch.roll(valid, shifts=-(j + 1), dims=1)
-            & (total[..., 0] > 0)
-        )
-        out.append((draft.clamp(min=0), probs / total.clamp(min=1e-9), mask))
-    return out
-
-
-def _batches(sequences: list[Sequence], size: int, rng: np.random.Generator) -> list[list[int]]:
-    """Sequences of similar length together (less padding), batches in random order."""
-    order = sorted(range(len(sequences)), key=lambda i: (len(sequences[i].ids), rng.random()))
-    batches = [order[i : i + size] for i in range(0, len(order), size)]
-    rng.shuffle(batches)
-    return batches
-
-
-def _tensors(sequences: list[Sequence], device: Any) -> dict[str, Any]:
-    import torch
-
-    width = max(len(s.ids) for s in sequences)
-    n = len(sequences)
-    feature_size = sequences[0].features.shape[1]  # type: ignore[union-attr]
-    ids = torch.zeros((n, width), dtype=torch.long)
-    features = torch.zeros((n, width, feature_size))
-    top_ids = torch.zeros((n, width, TOP), dtype=torch.long)
-    top_probs = torch.zeros((n, width, TOP))
-    valid = torch.zeros((n, width), dtype=torch.bool)
-    first = torch.zeros(n, dtype=torch.long)
-    for row, s in enumerate(sequences):
-        length = len(s.ids)
-        ids[row, :length] = torch.from_numpy(s.ids)
-        features[row, :length] = torch.from_numpy(s.features.astype(np.float32))  # type: ignore[union-attr]
-        top_ids[row, :length] = torch.from_numpy(s.top_ids.astype(np.int64))  # type: ignore[union-attr]
-        top_probs[row, :length] = torch.from_numpy(s.top_probs.astype(np.float32))  # type: ignore[union-attr]
-        valid[row, :length] = True
-        first[row] = s.first_label
-    return {
-        k: v.to(device)
-        for k, v in dict(
-            ids=ids,
-            features=features,
-            top_ids=top_ids,
-            top_probs=top_probs,
-            valid=valid,
-            first=first,
-        ).items()
-    }
-
-
-def _loss(head: FeatureHead, batch: dict[str, Any], to_draft: Any, steps: int) -> Any:
-    import torch
-
-    logits = unrolled_logits(head, batch["ids"], batch["features"], batch["valid"], steps)
-    targets = soft_targets(
-        batch["top_ids"], batch["top_probs"], to_draft, steps, batch["first"], batch["valid"]
-    )
-    total = torch.zeros(())
-    weight = 0.0
-    for j, (lg, (ids, probs, mask)) in enumerate(zip(logits, targets, strict=True)):
-        logp = torch.log_softmax(lg, dim=-1).gather(-1, ids)  # [B, T, TOP]
-        per_position = -(probs * logp).sum(-1)  # [B, T]
-        count = mask.sum().clamp(min=1)
-        total = total + 0.8**j * (per_position * mask).sum() / count
-        weight += 0.8**j
-    return total / weight
-
-
-def held_out_acceptance(
-    head: FeatureHead, sequences: list[Sequence], to_draft: Any, steps: int, device: Any
-) -> tuple[list[float], float]:
-    """Greedy chain drafting on held-out answers: per position j, the share of chains whose
-    first j drafts all equal the target's greedy tokens, conditional on the first j - 1
-    (what verification would accept); and the share of answer tokens in the draft vocabulary."""
-    import torch
-
-    draft_to_target: Any = head.draft_ids
-    reached = np.zeros(steps + 1)
-    accepted = np.zeros(steps + 1)
-    inside = total = 0
-    with torch.no_grad():
-        for start in range(0, len(sequences), 8):
-            batch = _tensors(sequences[start : start + 8], device)
-            logits = unrolled_logits(head, batch["ids"], batch["features"], batch["valid"], steps)
-            length = batch["ids"].shape[1]
-            positions = torch.arange(length, device=device)[None]
-            alive = torch.ones_like(batch["valid"])
-            for j, lg in enumerate(logits, start=1):
-                guess = lg.argmax(-1)  # draft ids [B, T]
-                if draft_to_target is not None:
-                    guess = draft_to_target[guess]
-                greedy = torch.roll(batch["top_ids"][..., 0], shifts=-j, dims=1)  # target argmax
-                label_pos = positions + j + 1
-                ok = (
-                    (label_pos < length)
-                    & (label_pos >= batch["first"][:, None])
-                    & torch.roll(batch["valid"], shifts=-(j + 1), dims=1)
-                )
-                if j == 1:
-                    alive = ok
-                reached[j] += float((alive & ok).sum())
-                alive = alive & ok & (guess == greedy)
-                accepted[j] += float(alive.sum())
-            answer = [s.ids[s.first_label :] for s in sequences[start : start + 8]]
-            for a in answer:
-                total += len(a)
-                inside += int((to_draft[torch.from_numpy(a)] >= 0).sum())
-    conditional = [float(accepted[j] / max(1.0, reached[j])) for j in range(1, steps + 1)]
-    return conditional, inside / max(1, total)
-
-
-def tokens_per_pass(conditional: list[float], k: int) -> float:
-    """Expected tokens a target pass commits with K chained drafts: 1 + the expected accepted
-    prefix (each draft accepted only if all before it were)."""
-    expected, alive = 1.0, 1.0
-    for j in range(k):
-        alive *= conditional[j]
-        expected += alive
-    return expected
-
-
-def save_speculators(
-    head: FeatureHead, folder: Path, draft_ids: np.ndarray, target_vocab: int, target: Any
-) -> None:
-    """The head in vLLM speculators' EAGLE-3 layout (the embedding stays the target's)."""
-    import torch
-    from safetensors.torch import save_file
-
-    cfg = head.cfg
-    prefix = "layers.0."
-    names = {
-        "fc.weight": "fc.weight",
-        "fc.bias": "fc.bias",
-        "q_proj.weight": f"{prefix}self_attn.q_proj.weight",
-        "k_proj.weight": f"{prefix}self_attn.k_proj.weight",
-        "v_proj.weight": f"{prefix}self_attn.v_proj.weight",
-        "o_proj.weight": f"{prefix}self_attn.o_proj.weight",
-        "gate_proj.weight": f"{prefix}mlp.gate_proj.weight",
-        "up_proj.weight": f"{prefix}mlp.up_proj.weight",
-        "down_proj.weight": f"{prefix}mlp.down_proj.weight",
-        "input_norm.weight": f"{prefix}input_layernorm.weight",
-        "hidden_norm.weight": f"{prefix}hidden_norm.weight",
-        "post_norm.weight": f"{prefix}post_attention_layernorm.weight",
-        "norm.weight": "norm.weight",
-        "lm_head.weight": "lm_head.weight",
-    }
-    params = dict(head.named_parameters())
-    tensors = {theirs: params[ours].detach().cpu().contiguous() for ours, theirs in names.items()}
-    ids = torch.from_numpy(np.asarray(draft_ids, np.int64))
-    tensors["d2t"] = ids - torch.arange(ids.shape[0])
-    t2d = torch.zeros(target_vocab, dtype=torch.bool)
-    t2d[ids] = True
-    tensors["t2d"] = t2d
-    layer = {
-        "model_type": "llama",
-        "hidden_size": cfg.hidden_size,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.kv_heads,
-        "head_dim": cfg.head_dim,
-        "intermediate_size": cfg.intermediate_size,
-        "rms_norm_eps": cfg.rms_eps,
-        "vocab_size": target_vocab,
-        "num_hidden_layers": 1,
-        "hidden_act": "silu",
-        **{k: v for k, v in cfg.rope.items()},
-    }
-    config = {
-        "speculators_model_type": "eagle3",
-        "architectures": ["Eagle3Speculator"],
-        "transformer_layer_config": layer,
-        "draft_vocab_size": int(ids.shape[0]),
-        "norm_before_residual": cfg.norm_before_residual,
-        "target_hidden_size": cfg.target_hidden,
-        "eagle_aux_hidden_state_layer_ids": list(cfg.taps),
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "verifier": {"architectures": list(getattr(target.config, "architectures", []) or [])},
-            "trained_by": "specx distill",
-        },
-    }
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    save_file(tensors, str(folder / "model.safetensors"))
 
 
 def _progress(log: Log) -> Callable[..., Any]:
@@ -643,7 +361,7 @@ def distill(
     )
     budget = options.train_minutes * 60.0
     rng = np.random.default_rng(options.seed + int(state["epoch"]))
-    plan = _batches(train, options.batch_size, rng)
+    plan = length_batches(train, options.batch_size, rng)
     total_batches = options.max_epochs * len(plan)
 
     def lr_at(step: int) -> float:  # warm up 20 steps, then cosine over the time budget
@@ -664,13 +382,13 @@ def distill(
             state["epoch"] += 1
             state["batch"] = 0
             rng = np.random.default_rng(options.seed + int(state["epoch"]))
-            plan = _batches(train, options.batch_size, rng)
+            plan = length_batches(train, options.batch_size, rng)
             continue
         started = time.perf_counter()
-        batch = _tensors([train[i] for i in plan[state["batch"]]], device)
+        batch = batch_tensors([train[i] for i in plan[state["batch"]]], device)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(state["epoch"] * len(plan) + state["batch"])
-        loss = _loss(head, batch, to_draft, options.steps)
+        loss = distill_loss(head, batch, to_draft, options.steps)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)

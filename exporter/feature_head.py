@@ -18,7 +18,7 @@ Layouts read (config.json plus model.safetensors or pytorch_model.bin):
 - vLLM speculators': ``speculators_model_type`` "eagle" (``fusion_fc``, ``transformer.*``,
   optional ``embedding_layernorm``/``pre_lm_head_layernorm``) or "eagle3" (``fc``,
   ``layers.0.*`` with ``hidden_norm``, ``norm``, ``lm_head``, ``d2t``/``t2d``). `specx distill`
-  writes this one.
+  writes this one (`save_speculators`).
 
 The embedding (and for ``eagle`` the LM head) come from the target unless the checkpoint has
 its own. The module's forward is the graph contract of runtime/contract.py (a plain cache).
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -372,3 +373,66 @@ def build_head(ckpt: HeadCheckpoint, target: Any, target_vocab: int) -> FeatureH
             )
         own[name].data.copy_(tensor.float())
     return head.eval()
+
+
+def save_speculators(
+    head: FeatureHead, folder: Path, draft_ids: np.ndarray, target_vocab: int, target: Any
+) -> None:
+    """The head in vLLM speculators' EAGLE-3 layout (the embedding stays the target's)."""
+    from safetensors.torch import save_file
+
+    cfg = head.cfg
+    prefix = "layers.0."
+    names = {
+        "fc.weight": "fc.weight",
+        "fc.bias": "fc.bias",
+        "q_proj.weight": f"{prefix}self_attn.q_proj.weight",
+        "k_proj.weight": f"{prefix}self_attn.k_proj.weight",
+        "v_proj.weight": f"{prefix}self_attn.v_proj.weight",
+        "o_proj.weight": f"{prefix}self_attn.o_proj.weight",
+        "gate_proj.weight": f"{prefix}mlp.gate_proj.weight",
+        "up_proj.weight": f"{prefix}mlp.up_proj.weight",
+        "down_proj.weight": f"{prefix}mlp.down_proj.weight",
+        "input_norm.weight": f"{prefix}input_layernorm.weight",
+        "hidden_norm.weight": f"{prefix}hidden_norm.weight",
+        "post_norm.weight": f"{prefix}post_attention_layernorm.weight",
+        "norm.weight": "norm.weight",
+        "lm_head.weight": "lm_head.weight",
+    }
+    params = dict(head.named_parameters())
+    tensors = {theirs: params[ours].detach().cpu().contiguous() for ours, theirs in names.items()}
+    ids = torch.from_numpy(np.asarray(draft_ids, np.int64))
+    tensors["d2t"] = ids - torch.arange(ids.shape[0])
+    t2d = torch.zeros(target_vocab, dtype=torch.bool)
+    t2d[ids] = True
+    tensors["t2d"] = t2d
+    layer = {
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "rms_norm_eps": cfg.rms_eps,
+        "vocab_size": target_vocab,
+        "num_hidden_layers": 1,
+        "hidden_act": "silu",
+        **{k: v for k, v in cfg.rope.items()},
+    }
+    config = {
+        "speculators_model_type": "eagle3",
+        "architectures": ["Eagle3Speculator"],
+        "transformer_layer_config": layer,
+        "draft_vocab_size": int(ids.shape[0]),
+        "norm_before_residual": cfg.norm_before_residual,
+        "target_hidden_size": cfg.target_hidden,
+        "eagle_aux_hidden_state_layer_ids": list(cfg.taps),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "verifier": {"architectures": list(getattr(target.config, "architectures", []) or [])},
+            "trained_by": "specx distill",
+        },
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    save_file(tensors, str(folder / "model.safetensors"))

@@ -37,14 +37,10 @@ def measure(
     import torch
 
     from specx.apps.bench.runner import load_workloads
-    from specx.exporter.distill import (
-        _progress,
-        default_taps,
-        held_out_acceptance,
-        tokens_per_pass,
-    )
+    from specx.exporter.distill import _progress, default_taps
     from specx.exporter.distill_data import Prompt, load_sequences
     from specx.exporter.distill_generate import RuntimeGenerator
+    from specx.exporter.distill_train import held_out_acceptance, tokens_per_pass
     from specx.exporter.feature_head import build_head, read_head
     from specx.exporter.load import eos_token_ids, load_source, model_vocab_size
 
