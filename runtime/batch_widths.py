@@ -28,8 +28,9 @@ class WidthPlanner:
     expected tokens at that K (each policy's own acceptance estimates) over the sum of their
     drafting (each policy's measured costs) plus the pass at that width. Rows with a fixed K keep
     it (the pass is then at least that wide). Pass costs per (rows, width) are measured as the
-    decoder runs; a cell not yet measured is scaled from the nearest measured one by a prior
-    charging each extra token 4% of a one-token pass (docs/bench/batching.md); a draft model not
+    decoder runs; a cell not yet measured is scaled from the nearest measured one of the same
+    kind (`shape_kind`) by a prior charging each extra token 4% of a one-token pass
+    (docs/bench/batching.md); a draft model not
     yet measured is guessed at half a one-token pass per token. Until a pass was measured the
     policies' own K stand, as they do for a row alone in its pass (there is no batch to weigh).
     The expected rates of plain steps and of steps that draft are each scaled by what such steps
@@ -76,10 +77,23 @@ class WidthPlanner:
         def prior(r: int, w: int) -> float:
             return 1.0 + self.PER_TOKEN * (r * w - 1)
 
+        # scaled from a pass of the same kind where one was measured: the decoder runs one
+        # token per row (or one row) on the target's gqa graph and several tokens over several
+        # rows on the batched graph, whose passes cost more from the first extra token on
+        # (8 rows, 2 wide: 1.35x one wide where 1.25x was expected from one-token passes)
+        kind = self.shape_kind(rows, width)
+        same = [c for c in self.cost_s.items() if self.shape_kind(*c[0]) == kind]
         (r, w), t = min(
-            self.cost_s.items(), key=lambda c: (abs(c[0][0] - rows), abs(c[0][1] - width))
+            same or self.cost_s.items(),
+            key=lambda c: (abs(c[0][0] - rows), abs(c[0][1] - width)),
         )
         return t * prior(rows, width) / prior(r, w)
+
+    @staticmethod
+    def shape_kind(rows: int, width: int) -> bool:
+        """Whether a pass of this shape reads several tokens in each of several rows (the
+        batched graph's passes) rather than one token per row or one row (the gqa graph's)."""
+        return rows > 1 and width > 1
 
     def observe_draft(self, rows: int, k: int, seconds: float) -> None:
         """A shared drafting run: `rows` rows drafted up to `k` tokens in lockstep."""

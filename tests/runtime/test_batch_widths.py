@@ -184,3 +184,23 @@ def test_drafting_whose_steps_give_less_than_expected_stops_being_chosen() -> No
             widths.observe_step(expected, given, seconds)
         assert all(drafted) if gives_expected else drafted[0] and not any(drafted[-20:])
         assert widths.realized_share(4, True) < 0.8 or gives_expected
+
+
+def test_a_pass_not_measured_yet_is_scaled_from_one_of_its_own_kind() -> None:
+    """Several tokens over several rows run on the batched graph, one token per row on the gqa
+    graph: an unmeasured 8-row 2-wide pass is scaled from the 5-row 2-wide one measured, not
+    from the cheaper 8-row one-token pass; with no pass of its kind measured, from the nearest."""
+    widths = WidthPlanner()
+    widths.observe(8, 1, 0.060)
+    prior = WidthPlanner.PER_TOKEN
+    from_one_token = 0.060 * (1 + prior * 15) / (1 + prior * 7)
+    assert np.isclose(widths.pass_s(8, 2), from_one_token)  # nothing of its kind yet
+    widths.observe(5, 2, 0.070)
+    widths.observe(4, 2, 0.061)
+    assert np.isclose(widths.pass_s(8, 2), 0.070 * (1 + prior * 15) / (1 + prior * 9))
+    assert widths.pass_s(8, 2) > from_one_token
+    # a one-token pass over 7 rows comes from the 8-row one-token pass, not a 2-wide one
+    assert np.isclose(widths.pass_s(7, 1), 0.060 * (1 + prior * 6) / (1 + prior * 7))
+    # one row of any width is the gqa graph's too
+    widths.observe(1, 1, 0.040)
+    assert np.isclose(widths.pass_s(1, 3), 0.040 * (1 + prior * 2))
