@@ -8,7 +8,8 @@ The chat workload's first five prompts, 64 new tokens, as `specx bench --concurr
 1. alone (Pipeline.generate, the gqa graph): K = 2, K = 3 and -k auto in turn, the order turning
    each round; tokens/s of the five prompts per round, and the K -k auto chose;
 2. a batch of one (Pipeline.generate_batch, max_batch 1) right after an 8-request -k auto batch,
-   -k auto and K = 2 in turn: whether what -k auto learned in big batches holds it back alone;
+   -k auto and K = 2 in turn (the order turning each round): whether what -k auto learned in
+   big batches holds it back alone;
 3. the bench's sequence for -k auto (alone, then batches of 1, 2 and 4 requests), then one
    8-request batch: how many of its steps ran on the batched graph (where some row drafted)
    and how many on the gqa graph.
@@ -21,8 +22,11 @@ from __future__ import annotations
 import argparse
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnxruntime as ort
 
 from specx.apps.bench.concurrency import together_batches
@@ -35,47 +39,34 @@ def settings(k: int | str, drafter: str) -> GenerationSettings:
     return GenerationSettings(max_new_tokens=64, k=k, drafter=drafter, max_k=4)
 
 
-def alone(pipe: Pipeline, prompts: list, drafter: str, rounds: int) -> None:
-    modes = [("K=2", 2), ("K=3", 3), ("auto", "auto")]
+def rounds_of(
+    title: str,
+    prompts: list[np.ndarray],
+    modes: list[tuple[str, int | str]],
+    generate: Callable[[np.ndarray, GenerationSettings], Any],
+    before: Callable[[int], None],
+    drafter: str,
+    rounds: int,
+) -> None:
+    """Each round (after a warm-up one): `before(round)`, then the prompts through
+    `generate` in every mode, the modes' order turning each round; prints tokens/s per round."""
     rates: dict[str, list[float]] = {name: [] for name, _ in modes}
     chosen: Counter[int] = Counter()
     for r in range(rounds + 1):
+        before(r)
         turn = r % len(modes)
         for name, k in modes[turn:] + modes[:turn]:
             tokens, wall = 0, 0.0
             for p in prompts:
                 t0 = time.perf_counter()
-                out = pipe.generate(p, settings(k, drafter))
+                stats = generate(p, settings(k, drafter)).stats
                 wall += time.perf_counter() - t0
-                tokens += out.stats.new_tokens
+                tokens += stats.new_tokens
                 if r and k == "auto":
-                    chosen.update(out.stats.k_used)
+                    chosen.update(stats.k_used)
             if r:
                 rates[name].append(tokens / wall)
-    print("1. alone, tokens/s per round:")
-    for name, values in rates.items():
-        print(f"   {name:5s} {' / '.join(f'{v:.1f}' for v in values)}")
-    print(f"   -k auto chose K (steps): {dict(sorted(chosen.items()))}")
-
-
-def one_after_eight(pipe: Pipeline, prompts: list, drafter: str, rounds: int) -> None:
-    rates: dict[str, list[float]] = {"auto": [], "K=2": []}
-    chosen: Counter[int] = Counter()
-    for r in range(rounds + 1):
-        for batch in together_batches(len(prompts), 8, r):
-            pipe.generate_batch([prompts[i] for i in batch], settings("auto", drafter), 8)
-        for name, k in (("auto", "auto"), ("K=2", 2)):
-            tokens, wall = 0, 0.0
-            for p in prompts:
-                t0 = time.perf_counter()
-                out = pipe.generate_batch([p], settings(k, drafter), max_batch=1)[0]
-                wall += time.perf_counter() - t0
-                tokens += out.stats.new_tokens
-                if r and k == "auto":
-                    chosen.update(out.stats.k_used)
-            if r:
-                rates[name].append(tokens / wall)
-    print("2. a batch of one after an 8-request -k auto batch, tokens/s per round:")
+    print(f"{title}, tokens/s per round:")
     for name, values in rates.items():
         print(f"   {name:5s} {' / '.join(f'{v:.1f}' for v in values)}")
     print(f"   -k auto chose K (steps): {dict(sorted(chosen.items()))}")
@@ -93,7 +84,7 @@ def eight_batch_graphs(pipe: Pipeline, prompts: list, drafter: str, rounds: int)
 
     auto = settings("auto", drafter)
     print("3. one 8-request -k auto batch after the bench's sequence, passes per graph:")
-    ort.InferenceSession.run_with_iobinding = counted  # type: ignore[method-assign]
+    ort.InferenceSession.run_with_iobinding = counted
     try:
         for r in range(rounds):
             for p in prompts:
@@ -109,7 +100,7 @@ def eight_batch_graphs(pipe: Pipeline, prompts: list, drafter: str, rounds: int)
             counting[0] = False
             print(f"   round {r + 1}: {dict(sorted(passes.items()))} (prompt chunks included)")
     finally:
-        ort.InferenceSession.run_with_iobinding = inner  # type: ignore[method-assign]
+        ort.InferenceSession.run_with_iobinding = inner
 
 
 def main() -> None:
@@ -121,8 +112,21 @@ def main() -> None:
     pipe = Pipeline.load(args.artifact)
     prompts = [pipe.codec.encode_chat(t) for t in load_workloads()["chat"]["prompts"]][:5]
     print(f"chat workload, 5 prompts, 64 new tokens, {args.drafter}, max K 4")
-    alone(pipe, prompts, args.drafter, args.rounds)
-    one_after_eight(pipe, prompts, args.drafter, args.rounds)
+    rounds_of(
+        "1. alone", prompts, [("K=2", 2), ("K=3", 3), ("auto", "auto")], pipe.generate,
+        lambda _r: None, args.drafter, args.rounds,
+    )  # fmt: skip
+
+    def eight(r: int) -> None:
+        for batch in together_batches(len(prompts), 8, r):
+            pipe.generate_batch([prompts[i] for i in batch], settings("auto", args.drafter), 8)
+
+    rounds_of(
+        "2. a batch of one after an 8-request -k auto batch", prompts,
+        [("auto", "auto"), ("K=2", 2)],
+        lambda p, s: pipe.generate_batch([p], s, max_batch=1)[0], eight, args.drafter,
+        args.rounds,
+    )  # fmt: skip
     eight_batch_graphs(pipe, prompts, args.drafter, 2)
 
 
