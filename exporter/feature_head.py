@@ -382,22 +382,12 @@ def save_speculators(
     from safetensors.torch import save_file
 
     cfg = head.cfg
-    prefix = "layers.0."
-    names = {
-        "fc.weight": "fc.weight",
-        "fc.bias": "fc.bias",
-        "q_proj.weight": f"{prefix}self_attn.q_proj.weight",
-        "k_proj.weight": f"{prefix}self_attn.k_proj.weight",
-        "v_proj.weight": f"{prefix}self_attn.v_proj.weight",
-        "o_proj.weight": f"{prefix}self_attn.o_proj.weight",
-        "gate_proj.weight": f"{prefix}mlp.gate_proj.weight",
-        "up_proj.weight": f"{prefix}mlp.up_proj.weight",
-        "down_proj.weight": f"{prefix}mlp.down_proj.weight",
+    prefix = "layers.0."  # the names read_head reads back
+    names = {ours: theirs.format(L=prefix) for ours, theirs in _LAYER.items()}
+    names |= {
         "input_norm.weight": f"{prefix}input_layernorm.weight",
         "hidden_norm.weight": f"{prefix}hidden_norm.weight",
-        "post_norm.weight": f"{prefix}post_attention_layernorm.weight",
-        "norm.weight": "norm.weight",
-        "lm_head.weight": "lm_head.weight",
+        **{name: name for name in ("fc.weight", "fc.bias", "norm.weight", "lm_head.weight")},
     }
     params = dict(head.named_parameters())
     tensors = {theirs: params[ours].detach().cpu().contiguous() for ours, theirs in names.items()}

@@ -13,6 +13,13 @@ if TYPE_CHECKING:
     from specx.runtime.batching import BatchSequence
 
 
+def on_batched_graph(rows: int, width: int) -> bool:
+    """Whether a pass over `rows` rows `width` tokens wide needs the batched graph (several
+    tokens in each of several rows), where the target's gqa graph, if it has one, takes the
+    others (one token per row, or one row): the decoder routes its passes by this."""
+    return rows > 1 and width > 1
+
+
 # what a plan expects of its step: (rows, whether any row drafts, tokens, seconds)
 Expected = tuple[int, bool, float, float]
 
@@ -29,7 +36,7 @@ class WidthPlanner:
     drafting (each policy's measured costs) plus the pass at that width. Rows with a fixed K keep
     it (the pass is then at least that wide). Pass costs per (rows, width) are measured as the
     decoder runs; a cell not yet measured is scaled from the nearest measured one of the same
-    kind (`shape_kind`) by a prior charging each extra token 4% of a one-token pass
+    kind (`on_batched_graph`) by a prior charging each extra token 4% of a one-token pass
     (docs/bench/batching.md); a draft model not
     yet measured is guessed at half a one-token pass per token. Until a pass was measured the
     policies' own K stand, as they do for a row alone in its pass (there is no batch to weigh).
@@ -81,19 +88,13 @@ class WidthPlanner:
         # token per row (or one row) on the target's gqa graph and several tokens over several
         # rows on the batched graph, whose passes cost more from the first extra token on
         # (8 rows, 2 wide: 1.35x one wide where 1.25x was expected from one-token passes)
-        kind = self.shape_kind(rows, width)
-        same = [c for c in self.cost_s.items() if self.shape_kind(*c[0]) == kind]
+        kind = on_batched_graph(rows, width)
+        same = [c for c in self.cost_s.items() if on_batched_graph(*c[0]) == kind]
         (r, w), t = min(
             same or self.cost_s.items(),
             key=lambda c: (abs(c[0][0] - rows), abs(c[0][1] - width)),
         )
         return t * prior(rows, width) / prior(r, w)
-
-    @staticmethod
-    def shape_kind(rows: int, width: int) -> bool:
-        """Whether a pass of this shape reads several tokens in each of several rows (the
-        batched graph's passes) rather than one token per row or one row (the gqa graph's)."""
-        return rows > 1 and width > 1
 
     def observe_draft(self, rows: int, k: int, seconds: float) -> None:
         """A shared drafting run: `rows` rows drafted up to `k` tokens in lockstep."""

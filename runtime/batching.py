@@ -31,7 +31,7 @@ import numpy as np
 
 from specx.runtime.adaptive import AdaptiveK
 from specx.runtime.backends.ort_session import OrtSession
-from specx.runtime.batch_widths import WidthPlanner
+from specx.runtime.batch_widths import WidthPlanner, on_batched_graph
 from specx.runtime.drafters.base import (
     MODEL,
     NO_PROPOSAL,
@@ -326,7 +326,7 @@ class BatchDecoder:
             tokens[s.row - first, 1 : 1 + n] = s.proposal.tokens
             counts[s.row - first] = 1 + n
         runner = self.session
-        if self.single is not None and (width == 1 or last == first):
+        if self.single is not None and not on_batched_graph(last - first + 1, width):
             runner = self.single
             self.single_passes += 1
         t0 = perf_counter()

@@ -3,7 +3,8 @@
     .venv/bin/python scripts/auto_parity.py ARTIFACT [--rounds 3] [--drafter ngram+int8]
 
 The chat workload's first five prompts, 64 new tokens, as `specx bench --concurrency` runs them
-(max K 4). Three measurements, each `--rounds` times (after one warm-up round):
+(max K 4). Three measurements, the first two `--rounds` times (after one warm-up round), the
+third twice:
 
 1. alone (Pipeline.generate, the gqa graph): K = 2, K = 3 and -k auto in turn, the order turning
    each round; tokens/s of the five prompts per round, and the K -k auto chose;
@@ -14,6 +15,8 @@ The chat workload's first five prompts, 64 new tokens, as `specx bench --concurr
    8-request batch: how many of its steps ran on the batched graph (where some row drafted)
    and how many on the gqa graph.
 
+`--graphs-only`: the third alone (run with runtime/batch_widths.py of e7812f5 it gives
+batching.md's count before the planner's change).
 Reads the figures batching.md quotes for issue 16's goal 3; nothing else may run meanwhile.
 """
 
@@ -108,10 +111,14 @@ def main() -> None:
     parser.add_argument("artifact")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--drafter", default="ngram+int8")
+    parser.add_argument("--graphs-only", action="store_true", help="measurement 3 only")
     args = parser.parse_args()
     pipe = Pipeline.load(args.artifact)
     prompts = [pipe.codec.encode_chat(t) for t in load_workloads()["chat"]["prompts"]][:5]
     print(f"chat workload, 5 prompts, 64 new tokens, {args.drafter}, max K 4")
+    if args.graphs_only:
+        eight_batch_graphs(pipe, prompts, args.drafter, 2)
+        return
     rounds_of(
         "1. alone", prompts, [("K=2", 2), ("K=3", 3), ("auto", "auto")], pipe.generate,
         lambda _r: None, args.drafter, args.rounds,
