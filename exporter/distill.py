@@ -364,8 +364,8 @@ def distill(
     plan = length_batches(train, options.batch_size, rng)
     total_batches = options.max_epochs * len(plan)
 
-    def lr_at(step: int) -> float:  # warm up 20 steps, then cosine over the time budget
-        done = min(1.0, state["seconds"] / max(budget, 1.0))
+    def lr_at(step: int) -> float:  # warm up 20 steps, then cosine to whichever bound comes first
+        done = min(1.0, max(state["seconds"] / max(budget, 1.0), step / max(1, total_batches)))
         return (
             options.lr
             * min(1.0, (step + 1) / 20)
