@@ -56,9 +56,20 @@ from specx.apps.cli_common import debug_option, user_errors
     "--steps", type=int, default=3, show_default=True, help="Draft tokens unrolled in training."
 )
 @click.option(
-    "--train-minutes", type=float, default=30.0, show_default=True, help="Training time budget."
+    "--train-minutes",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Training time budget (training stops at this or --max-epochs, whichever comes first; "
+    "the learning rate decays to that bound).",
 )
-@click.option("--max-epochs", type=int, default=20, show_default=True)
+@click.option(
+    "--max-epochs",
+    type=int,
+    default=20,
+    show_default=True,
+    help="Passes over the training data at most (a bound that does not depend on the machine).",
+)
 @click.option("--batch-size", type=int, default=8, show_default=True)
 @click.option("--lr", type=float, default=2e-3, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)

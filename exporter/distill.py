@@ -80,8 +80,8 @@ class DistillOptions:
     grounded: int = 240  # second-round grounded tasks over the target's own answers
     draft_vocab: int = 8192  # ids the head scores (0 or >= the vocabulary: all)
     steps: int = 3  # training-time-test unroll (draft tokens per position)
-    train_minutes: float = 30.0  # training time budget
-    max_epochs: int = 20
+    train_minutes: float = 30.0  # training time budget (or max_epochs, whichever comes first)
+    max_epochs: int = 20  # the learning rate decays to the bound reached first
     batch_size: int = 8  # sequences per optimizer step
     generate_batch: int = 48  # answers generated together (transformers: one generate call)
     # who generates the answers: "runtime" (specx's own runtime on an exported graph that also
