@@ -55,6 +55,12 @@ class WidthPlanner:
     # steps of evidence before a kind of step's realized rate counts as much as the estimate
     OUTCOME_PRIOR = 16.0
     OUTCOME_DECAY = 0.98  # per step of that kind
+    # how long a draft row, once caught up, is expected to go on drafting: from the share of
+    # recent steps at that many rows in which the -k auto rows that could draft with a shared
+    # draft model did (decayed per step), with DRAFTING_PRIOR steps' worth of drafting, so that
+    # with nothing seen yet a catch-up is spread over the steps a row has left
+    DRAFTING_PRIOR = 2.0
+    DRAFTING_DECAY = 0.95
 
     def __init__(self, decay: float = 0.9) -> None:
         self.decay = decay
@@ -68,6 +74,9 @@ class WidthPlanner:
         # expected rate is biased upward (the winner's curse): both are corrected by what such
         # steps gave.
         self.outcomes: dict[tuple[int, bool], list[float]] = {}
+        # rows -> decayed [steps with rows that could draft with a shared draft model, the
+        # share of those rows that did]
+        self.model_drafting: dict[int, list[float]] = {}
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         old = self.cost_s.get((rows, width))
@@ -134,21 +143,52 @@ class WidthPlanner:
                 per_token if old is None else self.decay * old + (1 - self.decay) * per_token
             )
 
-    def catchup_s(self, s: BatchSequence, one_token_s: float, tokens_per_step: float) -> float:
+    def catchup_s(
+        self, s: BatchSequence, one_token_s: float, tokens_per_step: float, rows: int
+    ) -> float:
         """What drafting costs a row first, beyond its usual passes: the committed tokens its
-        draft row lacks beyond the one or two a step feeds (after steps it did not draft with
-        the model). Spread over the steps the row has left (its remaining tokens at
-        `tokens_per_step`): once caught up, it drafts on without it. Not the first proposal's
-        read of the prompt, which every row pays once, as alone."""
-        if not s.shares_draft or s.draft_rows is None or s.draft_rows.length(s.row) == 0:
-            return 0.0
-        extra = s.n_context - s.draft_rows.length(s.row) - 1 - s.draft_rows.CATCHUP_SHARED
+        draft row lacks beyond the one or two a step feeds (its prompt, if it never drafted
+        with the model; the steps since it last did). Spread over the steps it is expected to
+        go on drafting once caught up (`drafting_run` at `rows` rows), at most the steps it has
+        left (its remaining tokens at `tokens_per_step`): where rows seldom draft, the next
+        step falls behind again, and the step that drafts pays the whole catch-up (a prompt
+        read for one drafting step cost 0.29 s at 2 rows on SmolLM2's int8 draft, some eight
+        plain steps' worth of tokens)."""
+        extra = self.catchup_tokens(s)
         if extra <= 0:
             return 0.0
         per_token = self.catchup_token_s
         whole = extra * (self.CATCHUP_PRIOR * one_token_s if per_token is None else per_token)
         remaining = s.settings.max_new_tokens - s.stats.new_tokens
-        return whole / max(1.0, remaining / max(1.0, tokens_per_step))
+        steps_left = remaining / max(1.0, tokens_per_step)
+        return whole / max(1.0, min(steps_left, self.drafting_run(rows)))
+
+    @staticmethod
+    def catchup_tokens(s: BatchSequence) -> int:
+        """Committed tokens a row drafting with a shared draft model this step would read
+        first, beyond the one or two a step feeds (0: none)."""
+        if not s.shares_draft or s.draft_rows is None:
+            return 0
+        return max(0, s.n_context - s.draft_rows.length(s.row) - 1 - s.draft_rows.CATCHUP_SHARED)
+
+    def drafting_run(self, rows: int) -> float:
+        """Steps a draft row is expected to draft in a row at `rows` rows: 1 / (1 - p), p the
+        recent share of the rows that could draft with a shared draft model that did (inf
+        while nothing but the prior is known, and for a row alone: once caught up, its
+        policy's own K goes on)."""
+        if rows <= 1:
+            return float("inf")
+        steps, drafted = self.model_drafting.get(rows, (0.0, 0.0))
+        p = (drafted + self.DRAFTING_PRIOR) / (steps + self.DRAFTING_PRIOR)
+        return float("inf") if p >= 1.0 else 1.0 / (1.0 - p)
+
+    def observe_drafting(self, rows: int, model_ks: list[int]) -> None:
+        """A step's K for the -k auto rows that could draft with a shared draft model."""
+        if model_ks:
+            sums = self.model_drafting.setdefault(rows, [0.0, 0.0])
+            d = self.DRAFTING_DECAY
+            sums[0] = d * sums[0] + 1.0
+            sums[1] = d * sums[1] + sum(k > 0 for k in model_ks) / len(model_ks)
 
     def observe_step(self, expected: Expected, tokens: int, seconds: float) -> None:
         """What a step gave that `plan` expected `expected` of: `tokens` committed in `seconds`
@@ -171,9 +211,11 @@ class WidthPlanner:
             expected_tokens / expected_s
         )
 
-    def plan(self, active: list[BatchSequence], rows: int) -> Expected | None:
+    def plan(self, active: list[BatchSequence], rows: int, joining: int = 0) -> Expected | None:
         """Set the K of this step's -k auto rows; returns what the plan expects of the step
-        (None: nothing was planned), for `observe_step`."""
+        (None: nothing was planned), for `observe_step`. `joining`: rows still reading their
+        prompts, which decode in the next steps: a catch-up is spread over the steps the rows
+        are expected to draft as many rows."""
         adaptive = [s for s in active if isinstance(s.policy, AdaptiveK) and s.source != NONE]
         for s in active:
             if isinstance(s.policy, AdaptiveK) and s.source == NONE:
@@ -181,16 +223,21 @@ class WidthPlanner:
         one_token_s = self.pass_s(1, 1)
         if not adaptive or one_token_s is None:
             return None
-        if len(active) == 1:
+        if len(active) == 1 and not joining and not self.catchup_tokens(active[0]):
             # a row alone in the pass (a batch of one, or the last of a batch): its policy's
             # own K stands, chosen as alone (with its probes and the draft's confidence) from
-            # the costs of the one-row passes it has seen
+            # the costs of the one-row passes it has seen. Not while others read their prompts
+            # (it is not alone for long), nor while its draft row lacks more than a step feeds:
+            # the last row of a batch that did not draft would read its whole context into the
+            # draft model (about 100 tokens, 0.15-0.3 s on SmolLM2's int8 draft at 64 new
+            # tokens) for its last few tokens, which that read must pay for
             return None
         fixed = [s for s in active if not isinstance(s.policy, AdaptiveK)]
         fixed_width = 1 + max((s.k for s in fixed), default=0)
         fixed_shared = [s for s in fixed if s.shares_draft and s.k > 0]
         widest = 1 + max(s.k_limit for s in adaptive)
-        options = [self._options(s, widest, one_token_s) for s in adaptive]
+        regime = rows + joining  # the rows the catch-ups are spread over the drafting of
+        options = [self._options(s, widest, one_token_s, regime) for s in adaptive]
 
         base_tokens = float(len(active) - len(adaptive))  # rows that yield at least their one
         # the costs a plan is made of, looked up once per step (the search below weighs dozens
@@ -251,10 +298,13 @@ class WidthPlanner:
                 best_ks, best_rate = ks, current
         for s, k in zip(adaptive, best_ks, strict=True):
             s.k = k
+        self.observe_drafting(
+            regime, [k for s, k in zip(adaptive, best_ks, strict=True) if s.shares_draft]
+        )
         return (rows, *outcome(best_ks))
 
     def _options(
-        self, s: BatchSequence, widest: int, one_token_s: float
+        self, s: BatchSequence, widest: int, one_token_s: float, rows: int
     ) -> tuple[list[float], list[float]]:
         """A -k auto row's expected tokens and its own drafting seconds at K = 0 .. widest - 1
         (own: what it does not share with other rows; a catch-up is its own)."""
@@ -263,7 +313,9 @@ class WidthPlanner:
         limit = min(s.k_limit, widest - 1)
         expected = policy.expected_tokens(s.source)[: limit + 1] if limit else [1.0]
         if s.shares_draft:
-            own = [0.0] + [self.catchup_s(s, one_token_s, expected[k]) for k in range(1, limit + 1)]
+            own = [0.0] + [
+                self.catchup_s(s, one_token_s, expected[k], rows) for k in range(1, limit + 1)
+            ]
         else:
             measured = [policy.draft_cost_s(k, s.source) for k in range(limit + 1)]
             guess = self.DRAFT_PRIOR * one_token_s if s.source == MODEL else 0.0

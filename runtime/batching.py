@@ -314,7 +314,8 @@ class BatchDecoder:
         started, before = perf_counter(), sum(s.stats.new_tokens for s in active)
         for s in active:
             self._decide(s, room=self.capacity - longest - 1)
-        expected = self.widths.plan(active, last - first + 1)
+        reading = sum(1 for s in self._rows if s is not None and s.prefilled >= 0)
+        expected = self.widths.plan(active, last - first + 1, joining=reading)
         self._draft_all(active)
         width = 1 + max(s.proposal.tokens.shape[0] for s in active)
         tokens = np.zeros((last - first + 1, width), dtype=np.int64)  # [rows, width], 0: padding

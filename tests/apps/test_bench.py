@@ -133,6 +133,9 @@ def test_the_goal_script_reads_issue_16s_figures_from_a_concurrency_run() -> Non
     assert np.isclose(met["aggregate_at_4"], 185.0 / 72.0)
     assert np.isclose(met["auto_share"]["4"], 185.0 / 190.0)
     assert met["met"] == (True, True, True)
+    # the same bar for every mode: the fixed K alone against the faster of off and -k auto
+    assert np.isclose(met["every_mode_share"]["ngram K=2"]["alone"], 70.0 / 72.0)
+    assert met["every_mode_share"]["ngram K=auto"] == met["auto_share"]
     # slower at 4 than 2.5x alone, and alone below 0.95 of the fixed K: two goals missed
     missed = script.goals(run(auto_at_4=175.0, fixed_alone=80.0))
     assert missed["met"] == (False, True, False)

@@ -158,13 +158,41 @@ def test_a_draft_row_far_behind_is_charged_its_catch_up_spread_over_the_steps_le
     s.n_context, s.settings = 200, GenerationSettings(max_new_tokens=100)
     s.draft_rows = LaggingDraft(100)  # type: ignore[assignment]
     # 100 tokens behind: 98 beyond what a step feeds, 196 ms, over 100 tokens left at 2 a step
-    assert np.isclose(widths.catchup_s(s, 0.040, 2.0), 0.196 / 50)
+    # (nothing seen yet of how rows draft at 2 rows: a caught-up row is expected to go on)
+    assert widths.drafting_run(2) == float("inf")
+    assert np.isclose(widths.catchup_s(s, 0.040, 2.0, 2), 0.196 / 50)
     s.stats.new_tokens = 99  # one token left: the whole catch-up for one step
-    assert np.isclose(widths.catchup_s(s, 0.040, 2.0), 0.196)
+    assert np.isclose(widths.catchup_s(s, 0.040, 2.0, 2), 0.196)
     s.draft_rows = LaggingDraft(198)  # one token behind, as every step: nothing extra
-    assert widths.catchup_s(s, 0.040, 2.0) == 0.0
-    s.draft_rows = LaggingDraft(0)  # its first proposal reads the prompt, as alone
-    assert widths.catchup_s(s, 0.040, 2.0) == 0.0
+    assert widths.catchup_s(s, 0.040, 2.0, 2) == 0.0
+    s.draft_rows = LaggingDraft(0)  # its first proposal reads the prompt: a catch-up too
+    assert np.isclose(widths.catchup_s(s, 0.040, 2.0, 2), 0.002 * 198)
+
+
+def test_a_catch_up_is_spread_only_over_the_steps_rows_are_expected_to_go_on_drafting() -> None:
+    """Where rows that could draft with the draft model seldom did lately, a row that drafts
+    now falls behind again at once: its step pays the whole catch-up (a prompt read, here), and
+    the planner keeps the rows decoding plainly; where they kept drafting, the read is spread
+    over the steps left, and they draft."""
+    for drafting_lately in (True, False):
+        widths = planner(0.040, 0.05, rows=2)
+        widths.observe_catchup(40, 0.080)  # 2 ms a token read among many
+        for k in range(1, 5):
+            widths.observe_draft(2, k, 0.004 * k)  # the two rows' shared draft passes
+        for _ in range(30):
+            widths.observe_drafting(2, [2, 2] if drafting_lately else [0, 0])
+        rows = [row(r, KnownPolicy(0.9, 0.004), MODEL, shares=True) for r in range(2)]
+        for s in rows:
+            s.context = np.zeros(256, dtype=np.int64)
+            s.n_context, s.settings = 100, GenerationSettings(max_new_tokens=64)
+            s.draft_rows = LaggingDraft(0)  # type: ignore[assignment]
+        widths.plan(rows, 2)
+        if drafting_lately:
+            assert widths.drafting_run(2) > 100 and all(s.k > 0 for s in rows)
+        else:
+            assert widths.drafting_run(2) < 1.2 and [s.k for s in rows] == [0, 0]
+            # and the plan itself counts: another step at 2 rows in which they did not draft
+            assert widths.model_drafting[2][0] > 30 * 0.95**30
 
 
 def test_drafting_whose_steps_give_less_than_expected_stops_being_chosen() -> None:
@@ -204,3 +232,22 @@ def test_a_pass_not_measured_yet_is_scaled_from_one_of_its_own_kind() -> None:
     # one row of any width is the gqa graph's too
     widths.observe(1, 1, 0.040)
     assert np.isclose(widths.pass_s(1, 3), 0.040 * (1 + prior * 2))
+
+
+def test_the_last_row_of_a_batch_does_not_read_its_context_into_the_draft_for_a_few_tokens() -> (
+    None
+):
+    """Alone in its batch, a row's policy chooses its own K, but not while its draft row lacks
+    its context (the batch decoded plainly): 98 tokens to read for the 6 tokens it has left do
+    not pay, and the planner keeps it decoding; once its draft row holds its context, its
+    policy's own K stands again."""
+    widths = planner(0.040, 0.05, rows=1)
+    widths.observe_catchup(40, 0.080)  # 2 ms a token read among many
+    s = row(0, KnownPolicy(0.9, 0.004), MODEL, shares=True)
+    s.context = np.zeros(256, dtype=np.int64)
+    s.n_context, s.settings = 100, GenerationSettings(max_new_tokens=64)
+    s.stats.new_tokens = 58
+    s.draft_rows = LaggingDraft(0)  # type: ignore[assignment]
+    assert widths.plan([s], 1) is not None and s.k == 0
+    s.draft_rows = LaggingDraft(99)  # type: ignore[assignment]
+    assert widths.plan([s], 1) is None
