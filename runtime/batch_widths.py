@@ -151,9 +151,9 @@ class WidthPlanner:
         with the model; the steps since it last did). Spread over the steps it is expected to
         go on drafting once caught up (`drafting_run` at `rows` rows), at most the steps it has
         left (its remaining tokens at `tokens_per_step`): where rows seldom draft, the next
-        step falls behind again, and the step that drafts pays the whole catch-up (a prompt
-        read for one drafting step cost 0.29 s at 2 rows on SmolLM2's int8 draft, some eight
-        plain steps' worth of tokens)."""
+        step falls behind again, and the step that drafts pays the whole catch-up (the read
+        of a row's context for one drafting step at the end of a 2-request batch took up to 0.29
+        s on SmolLM2's int8 draft: scripts/catchup_trace.py)."""
         extra = self.catchup_tokens(s)
         if extra <= 0:
             return 0.0
