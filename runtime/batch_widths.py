@@ -4,6 +4,8 @@ batch as a whole from the measured costs of batched verify passes and of draftin
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from specx.runtime.adaptive import AdaptiveK
@@ -41,7 +43,9 @@ class WidthPlanner:
     yet measured is guessed at half a one-token pass per token. Until a pass was measured the
     policies' own K stand, as they do for a row alone in its pass (there is no batch to weigh).
     The expected rates of plain steps and of steps that draft are each scaled by what such steps
-    gave against what was expected (`realized_share`).
+    gave against what was expected (`realized_share`). A row's tokens count as `row_weight`
+    says: all of them where each request waits for its own; where the caller waits for the
+    whole batch, a row's drafts only while no row has more tokens left to make.
     """
 
     PER_TOKEN = 0.04
@@ -77,6 +81,7 @@ class WidthPlanner:
         # rows -> decayed [steps with rows that could draft with a shared draft model, the
         # share of those rows that did]
         self.model_drafting: dict[int, list[float]] = {}
+        self.weights: dict[int, float] = {}  # row -> its row_weight in the last plan
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         old = self.cost_s.get((rows, width))
@@ -190,7 +195,7 @@ class WidthPlanner:
             sums[0] = d * sums[0] + 1.0
             sums[1] = d * sums[1] + sum(k > 0 for k in model_ks) / len(model_ks)
 
-    def observe_step(self, expected: Expected, tokens: int, seconds: float) -> None:
+    def observe_step(self, expected: Expected, tokens: float, seconds: float) -> None:
         """What a step gave that `plan` expected `expected` of: `tokens` committed in `seconds`
         of wall time."""
         rows, drafted, expected_tokens, expected_s = expected
@@ -211,11 +216,20 @@ class WidthPlanner:
             expected_tokens / expected_s
         )
 
-    def plan(self, active: list[BatchSequence], rows: int, joining: int = 0) -> Expected | None:
+    def plan(
+        self,
+        active: list[BatchSequence],
+        rows: int,
+        joining: int = 0,
+        last_to_finish: int | None = None,
+    ) -> Expected | None:
         """Set the K of this step's -k auto rows; returns what the plan expects of the step
         (None: nothing was planned), for `observe_step`. `joining`: rows still reading their
         prompts, which decode in the next steps: a catch-up is spread over the steps the rows
-        are expected to draft as many rows."""
+        are expected to draft as many rows. `last_to_finish`: where the batch's caller waits
+        for every row (and no request waits for a row), the most tokens any row of the batch
+        still has to make; then only the drafts of the rows that have that many left count
+        (`row_weight`)."""
         adaptive = [s for s in active if isinstance(s.policy, AdaptiveK) and s.source != NONE]
         for s in active:
             if isinstance(s.policy, AdaptiveK) and s.source == NONE:
@@ -239,11 +253,13 @@ class WidthPlanner:
         regime = rows + joining  # the rows the catch-ups are spread over the drafting of
         options = [self._options(s, widest, one_token_s, regime) for s in adaptive]
 
-        base_tokens = float(len(active) - len(adaptive))  # rows that yield at least their one
-        # the costs a plan is made of, looked up once per step (the search below weighs dozens
-        # of plans)
-        widths = range(max(widest, fixed_width) + 1)
-        pass_by_width = [self.pass_s(rows, w) if w else 0.0 for w in widths]
+        # the costs a plan is made of, looked up once per step (the search weighs dozens of
+        # plans)
+        pass_by_width = [0.0]
+        for w in range(1, max(widest, fixed_width) + 1):
+            t = self.pass_s(rows, w)
+            assert t is not None  # one pass was measured (one_token_s)
+            pass_by_width.append(t)
         shared_s: dict[tuple[int, int], float] = {}
 
         def shared_draft_s(n: int, k: int) -> float:
@@ -251,57 +267,53 @@ class WidthPlanner:
                 shared_s[(n, k)] = self.shared_draft_s(n, k, one_token_s)
             return shared_s[(n, k)]
 
-        fixed_shared_k = max((s.k for s in fixed_shared), default=0)
-        shares = [s.shares_draft for s in adaptive]
-
-        def outcome(ks: list[int]) -> tuple[bool, float, float]:
-            """(whether any row drafts, expected tokens, expected seconds) of a plan: adaptive
-            row i drafts up to ks[i]."""
-            tokens, draft_s = base_tokens, 0.0
-            shared_k, shared_rows, width = fixed_shared_k, len(fixed_shared), fixed_width
-            for k, (expected, own_s), shared in zip(ks, options, shares, strict=True):
-                tokens += expected[k]
-                draft_s += own_s[k]
-                if k:
-                    width = max(width, k + 1)
-                    if shared:
-                        shared_k, shared_rows = max(shared_k, k), shared_rows + 1
-            draft_s += shared_draft_s(shared_rows, shared_k) if shared_rows else 0.0
-            pass_s = pass_by_width[width]
-            assert pass_s is not None
-            return width > 1, tokens, draft_s + pass_s
-
-        share = {drafted: self.realized_share(rows, drafted) for drafted in (False, True)}
-
-        def rate(ks: list[int]) -> float:
-            drafted, tokens, seconds = outcome(ks)
-            return tokens / seconds * share[drafted]
-
-        best_ks, best_rate = [0] * len(adaptive), -1.0
-        for w in range(1, widest + 1):
-            # every row drafts up to w - 1, but for those whose drafting costs the batch more
-            # than it brings (dropped one at a time, the worst first)
-            ks = [min(s.k_limit, w - 1) for s in adaptive]
-            current = rate(ks)
-            while True:
-                worst, gain = -1, current
-                for i, k in enumerate(ks):
-                    if k:  # the plan without row i's drafting
-                        ks[i] = 0
-                        if (without := rate(ks)) > gain:
-                            worst, gain = i, without
-                        ks[i] = k
-                if worst < 0:
-                    break
-                ks[worst], current = 0, gain
-            if current > best_rate:
-                best_ks, best_rate = ks, current
+        self.weights = {s.row: self.row_weight(s, last_to_finish) for s in adaptive}
+        plans = Plans(
+            expected=[
+                [e[0] + self.weights[s.row] * (x - e[0]) for x in e]
+                for s, (e, _) in zip(adaptive, options, strict=True)
+            ],
+            own_s=[o[1] for o in options],
+            shares=[s.shares_draft for s in adaptive],
+            limits=[s.k_limit for s in adaptive],
+            base_tokens=float(len(active) - len(adaptive)),  # rows that yield at least one
+            fixed_width=fixed_width,
+            fixed_shared_rows=len(fixed_shared),
+            fixed_shared_k=max((s.k for s in fixed_shared), default=0),
+            pass_by_width=pass_by_width,
+            shared_draft_s=shared_draft_s,
+            share={drafted: self.realized_share(rows, drafted) for drafted in (False, True)},
+        )
+        best_ks = plans.search(widest)
         for s, k in zip(adaptive, best_ks, strict=True):
             s.k = k
         self.observe_drafting(
             regime, [k for s, k in zip(adaptive, best_ks, strict=True) if s.shares_draft]
         )
-        return (rows, *outcome(best_ks))
+        return (rows, *plans.outcome(best_ks))
+
+    @staticmethod
+    def row_weight(s: BatchSequence, last_to_finish: int | None) -> float:
+        """What a row's tokens beyond its one a step are worth to the batch. Where each request
+        waits for its own tokens (a server), or a request waits for a row to free, 1: a row
+        done sooner is a request answered sooner, or a row taken sooner (a step's tokens per
+        second is then what counts; it also minimizes the requests' mean latency, since a
+        wider pass delays every row and a draft speeds up its own). Where the caller waits for
+        the whole batch (`Pipeline.generate_batch`'s last rows) the batch is done when its last
+        row is: a row with fewer tokens left than another gains nothing from drafting (the
+        steps go on for the other), 0; the rows with the most left, 1."""
+        if last_to_finish is None:
+            return 1.0
+        left = s.settings.max_new_tokens - s.stats.new_tokens
+        return 1.0 if left >= last_to_finish else 0.0
+
+    def weighted_tokens(self, made: dict[int, int]) -> float:
+        """A step's tokens (row -> tokens it committed) as the last plan weighed them: each
+        row's first token in full, the rest by its `row_weight` (rows the plan did not weigh:
+        1), so that `observe_step` compares like with like."""
+        return sum(
+            min(n, 1) + self.weights.get(row, 1.0) * max(0, n - 1) for row, n in made.items()
+        )
 
     def _options(
         self, s: BatchSequence, widest: int, one_token_s: float, rows: int
@@ -321,3 +333,104 @@ class WidthPlanner:
             guess = self.DRAFT_PRIOR * one_token_s if s.source == MODEL else 0.0
             own = [k * guess if c is None else c for k, c in enumerate(measured)]
         return expected, own
+
+
+@dataclass(frozen=True)
+class Plans:
+    """What the plans of one step are weighed by: per -k auto row i, its expected tokens and
+    own drafting seconds at each K (expected[i][k], own_s[i][k]), whether it drafts in the
+    shared draft passes and the most it may draft; what the other rows add; the pass at each
+    width; shared drafting by (rows, K); and the realized share of plain and drafting steps."""
+
+    expected: list[list[float]]
+    own_s: list[list[float]]
+    shares: list[bool]
+    limits: list[int]
+    base_tokens: float  # tokens of the rows with a fixed K (at least one each)
+    fixed_width: int  # the pass's width without any -k auto row drafting
+    fixed_shared_rows: int  # fixed-K rows drafting in the shared passes
+    fixed_shared_k: int  # the most they draft
+    pass_by_width: list[float]
+    shared_draft_s: Callable[[int, int], float]
+    share: dict[bool, float]
+
+    def outcome(self, ks: list[int]) -> tuple[bool, float, float]:
+        """(whether any row drafts, expected tokens, expected seconds) of the plan in which row
+        i drafts up to ks[i]."""
+        tokens, draft_s = self.base_tokens, 0.0
+        shared_k, shared_rows, width = self.fixed_shared_k, self.fixed_shared_rows, self.fixed_width
+        for i, k in enumerate(ks):
+            tokens += self.expected[i][k]
+            draft_s += self.own_s[i][k]
+            if k:
+                width = max(width, k + 1)
+                if self.shares[i]:
+                    shared_k, shared_rows = max(shared_k, k), shared_rows + 1
+        draft_s += self.shared_draft_s(shared_rows, shared_k) if shared_rows else 0.0
+        return width > 1, tokens, draft_s + self.pass_by_width[width]
+
+    def rate(self, ks: list[int]) -> float:
+        """Expected tokens per second of a plan, corrected by what such steps gave."""
+        drafted, tokens, seconds = self.outcome(ks)
+        return tokens / seconds * self.share[drafted]
+
+    def search(self, widest: int) -> list[int]:
+        """The plan with the most expected tokens per second found thus: for each width w (1 ..
+        widest), every row drafts up to w - 1 but for those whose drafting costs the batch
+        more than it brings, dropped one at a time, the worst first. A plan without one row's
+        drafting is weighed from the current plan's sums (O(1) a row, not a pass over all
+        rows: a step at 8 rows weighs about a hundred such plans)."""
+        best_ks, best_rate = [0] * len(self.expected), -1.0
+        for w in range(1, widest + 1):
+            ks = [min(limit, w - 1) for limit in self.limits]
+            current = self.rate(ks)
+            while True:
+                worst, gain = -1, current
+                sums = self._sums(ks)
+                for i, k in enumerate(ks):
+                    if k and (without := self._rate_without(ks, sums, i)) > gain:
+                        worst, gain = i, without
+                if worst < 0:
+                    break
+                ks[worst] = 0
+                current = self.rate(ks)
+            if current > best_rate:
+                best_ks, best_rate = ks, current
+        return best_ks
+
+    def _sums(self, ks: list[int]) -> tuple[float, float, list[int], list[int]]:
+        """A plan's expected tokens, own drafting seconds, and the K of its drafting rows and of
+        its rows drafting in shared passes (each largest first)."""
+        tokens = self.base_tokens + sum(e[k] for e, k in zip(self.expected, ks, strict=True))
+        own = sum(o[k] for o, k in zip(self.own_s, ks, strict=True))
+        drafting = sorted((k for k in ks if k), reverse=True)
+        shared = sorted(
+            (k for k, sh in zip(ks, self.shares, strict=True) if k and sh), reverse=True
+        )
+        return tokens, own, drafting, shared
+
+    def _rate_without(
+        self, ks: list[int], sums: tuple[float, float, list[int], list[int]], i: int
+    ) -> float:
+        """`rate` of plan ks with row i (which drafts) not drafting."""
+        tokens, own, drafting, shared = sums
+        k = ks[i]
+        tokens += self.expected[i][0] - self.expected[i][k]
+        own += self.own_s[i][0] - self.own_s[i][k]
+        width = max(self.fixed_width, _largest_but_one(drafting, k) + 1)
+        shared_rows = self.fixed_shared_rows + len(shared)
+        shared_k = max(self.fixed_shared_k, shared[0] if shared else 0)
+        if self.shares[i]:
+            shared_rows -= 1
+            shared_k = max(self.fixed_shared_k, _largest_but_one(shared, k))
+        draft_s = own + (self.shared_draft_s(shared_rows, shared_k) if shared_rows else 0.0)
+        seconds = draft_s + self.pass_by_width[width]
+        return tokens / seconds * self.share[width > 1]
+
+
+def _largest_but_one(values: list[int], k: int) -> int:
+    """The largest of `values` (largest first, k among them) once one k is taken out (0 if
+    none is left)."""
+    if values[0] != k:
+        return values[0]
+    return values[1] if len(values) > 1 else 0

@@ -123,6 +123,10 @@ class BatchDecoder:
         self.prefill_passes = 0  # passes that read prompt chunks
         self.rows_per_pass: list[int] = []  # sequences in each of them
         self._draft_rows: dict[str, DraftRows] = {}  # per draft graph: the rows' draft caches
+        # whether the caller waits for every row (and nothing waits for a free row): then -k
+        # auto plans for the time until the last row is done (WidthPlanner.row_weight), else
+        # for each row's own (a server's requests, or a batch with prompts still waiting)
+        self.finish_together = False
 
     @property
     def active(self) -> list[BatchSequence]:
@@ -311,11 +315,16 @@ class BatchDecoder:
         longest = int(max(self.cache.lengths[s.row] for s in self._rows if s is not None))
         first = min(s.row for s in active)
         last = max(s.row for s in active)
-        started, before = perf_counter(), sum(s.stats.new_tokens for s in active)
+        started, before = perf_counter(), {s.row: s.stats.new_tokens for s in active}
         for s in active:
             self._decide(s, room=self.capacity - longest - 1)
         reading = sum(1 for s in self._rows if s is not None and s.prefilled >= 0)
-        expected = self.widths.plan(active, last - first + 1, joining=reading)
+        last_to_finish = None
+        if self.finish_together:  # the caller waits for the last row: the rows most behind
+            last_to_finish = max(
+                s.settings.max_new_tokens - s.stats.new_tokens for s in self._rows if s is not None
+            )
+        expected = self.widths.plan(active, last - first + 1, reading, last_to_finish)
         self._draft_all(active)
         width = 1 + max(s.proposal.tokens.shape[0] for s in active)
         tokens = np.zeros((last - first + 1, width), dtype=np.int64)  # [rows, width], 0: padding
@@ -344,8 +353,9 @@ class BatchDecoder:
                 s, logits[s.row - first, : 1 + n], committed[s.row], verify_s, row_features
             )
         if expected is not None:  # what -k auto's plan gave
-            made = sum(s.stats.new_tokens for s in active) - before
-            self.widths.observe_step(expected, made, perf_counter() - started)
+            made = {s.row: s.stats.new_tokens - before[s.row] for s in active}
+            gave = self.widths.weighted_tokens(made)
+            self.widths.observe_step(expected, gave, perf_counter() - started)
 
     def run(self) -> None:
         """Step until every sequence has stopped."""
@@ -551,6 +561,7 @@ def run_batch(
                     name,
                     drafter,
                 )
+            decoder.finish_together = not waiting  # the caller gets every result at once
             decoder.step()
             for i, (seq, name, drafter) in list(running.items()):
                 if seq.done:

@@ -6,8 +6,9 @@ after batch until every prompt ran (together_batches). Measured:
 aggregate tokens/s (all tokens over the wall time), each request's latency (start to last token)
 and time to first token. "alone" is one request at a time on the single-sequence graph
 (Pipeline.generate), the way `specx run` serves it: the baseline every ratio is taken against.
-Medians over prompts and repeats, all in one process, interleaved so that drift hits every row
-(the modes' order turns by one each repeat).
+Medians over prompts and repeats, all in one process, interleaved so that drift hits every mode
+alike: each unit of work (a prompt alone, or one concurrency's batches) runs in every mode back
+to back, the modes' order turning by one each unit (work_units, mode_order).
 """
 
 from __future__ import annotations
@@ -85,33 +86,43 @@ def run_concurrency(
     progress: Progress,
 ) -> dict[str, Any]:
     max_k = max([m["k"] for m in modes if isinstance(m["k"], int)] + [4])
+    settings = {m["name"]: _settings(m, max_new, max_k) for m in modes}
     raw: dict[str, dict[str, list[Any]]] = {}
     total = repeats * len(modes) * (len(prompts) + len(concurrencies))
     done = 0
     for repeat in range(repeats):
-        for mode in mode_order(modes, repeat):
-            settings = _settings(mode, max_new, max_k)
-            for i, prompt in enumerate(prompts):
-                done += 1
-                progress(f"[{done}/{total}] repeat {repeat + 1} alone {mode['name']} prompt {i}")
-                run = _alone(pipe, prompt, settings)
-                cell = raw.setdefault(f"{mode['name']}|alone", {"runs": []})
-                cell["runs"].append({**run, "repeat": repeat})
-            for c in concurrencies:
-                done += 1
-                progress(f"[{done}/{total}] repeat {repeat + 1} {c} together {mode['name']}")
+        for u, (c, batches) in enumerate(work_units(len(prompts), concurrencies, repeat)):
+            # every mode runs this unit of work back to back, so that the modes a ratio
+            # compares ran within seconds of each other, not minutes apart
+            for mode in mode_order(modes, repeat + u):
                 cell = raw.setdefault(f"{mode['name']}|{c}", {"runs": []})
-                for batch in together_batches(len(prompts), c, repeat):
-                    run = _together(pipe, [prompts[i] for i in batch], settings)
+                for batch in batches:
+                    if c == "alone":
+                        run = _alone(pipe, prompts[batch[0]], settings[mode["name"]])
+                    else:
+                        run = _together(pipe, [prompts[i] for i in batch], settings[mode["name"]])
                     cell["runs"].append({**run, "repeat": repeat})
+                done += 1
+                progress(f"[{done}/{total}] repeat {repeat + 1} {c} {mode['name']}")
     return {"rows": _summarize(raw, modes, concurrencies), "max_new_tokens": max_new}
 
 
-def mode_order(modes: list[dict[str, Any]], repeat: int) -> list[dict[str, Any]]:
-    """The modes in the order a repeat runs them: turned by one each repeat, so that no mode
-    always runs first or last in a repeat (the VM's speed drifts over minutes, and a fixed order
-    would charge the drift to the same modes every time)."""
-    turn = repeat % len(modes)
+def work_units(
+    n_prompts: int, concurrencies: tuple[int, ...], repeat: int
+) -> list[tuple[int | str, list[list[int]]]]:
+    """A repeat's work in the order it runs, as units (concurrency, batches of prompt indices)
+    that every mode runs in turn: each prompt alone, then each concurrency's batches
+    (together_batches)."""
+    units: list[tuple[int | str, list[list[int]]]] = [("alone", [[i]]) for i in range(n_prompts)]
+    units += [(c, together_batches(n_prompts, c, repeat)) for c in concurrencies]
+    return units
+
+
+def mode_order(modes: list[dict[str, Any]], turn: int) -> list[dict[str, Any]]:
+    """The modes in the order a unit of work runs them: turned by one each unit, so that no
+    mode always runs first or last (the VM's speed drifts, and a fixed order would charge the
+    drift to the same modes every time)."""
+    turn %= len(modes)
     return modes[turn:] + modes[:turn]
 
 

@@ -217,6 +217,42 @@ def test_batching_refuses_what_it_cannot_do_with_a_clear_error(llama: Any, tmp_p
     assert pipe.generate_batch([]) == []
 
 
+def test_a_batch_plans_for_its_last_row_only_once_no_prompt_waits_for_a_row(
+    llama: Any, monkeypatch: Any
+) -> None:
+    """generate_batch's caller gets every result at once: once no prompt waits for a free row,
+    -k auto is told the most tokens any row has left (the rows that finish the batch); while
+    prompts wait, and for the threads of a batching pipeline, nothing (each row counts)."""
+    from specx.runtime.batch_widths import WidthPlanner
+
+    told: list[int | None] = []
+    plan = WidthPlanner.plan
+
+    def recorded(self: Any, active: Any, rows: int, joining: int = 0, last: Any = None) -> Any:
+        told.append(last)
+        return plan(self, active, rows, joining, last)
+
+    monkeypatch.setattr(WidthPlanner, "plan", recorded)
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    options = {"max_new_tokens": 10, "drafter": "ngram", "k": "auto"}
+    alone = [pipe.generate(p, **options).token_ids for p in PROMPTS[:3]]
+    told.clear()
+    results = pipe.generate_batch(PROMPTS[:3], [pipe_settings(**options)] * 3, max_batch=2)
+    assert [r.token_ids for r in results] == alone
+    waited = told.index(next(t for t in told if t is not None))
+    assert waited > 0 and all(t is None for t in told[:waited])  # the third prompt waited
+    assert all(t is not None and 1 <= t <= 10 for t in told[waited:])
+    assert told[waited:] == sorted(told[waited:], reverse=True)  # the last rows' tokens left
+    told.clear()
+    pipe.enable_batching(max_batch=2, context=96)
+    try:
+        assert pipe.generate(PROMPTS[0], **options).token_ids == alone[0]
+    finally:
+        pipe.disable_batching()
+    assert told and all(t is None for t in told)
+
+
 def test_threads_sharing_a_batching_pipeline_get_their_solo_outputs(llama: Any) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -628,16 +664,20 @@ def test_the_concurrency_bench_runs_every_prompt_at_every_concurrency(
     assert bench.together_batches(5, 8, 0) == [[0, 1, 2, 3, 4, 0, 1, 2]]
     three = [{"name": n} for n in "abc"]
     order = ["".join(m["name"] for m in bench.mode_order(three, r)) for r in range(4)]
-    assert order == ["abc", "bca", "cab", "abc"]  # each mode first once in as many repeats
+    assert order == ["abc", "bca", "cab", "abc"]  # each mode first once in as many units
+    units = bench.work_units(2, (1, 2), 0)
+    assert units == [("alone", [[0]]), ("alone", [[1]]), (1, [[0], [1]]), (2, [[0, 1]])]
     artifact, _ = llama
     pipe = Pipeline.load(artifact)
     prompts = [_ids(pipe, p) for p in PROMPTS[:3]]
     ran: dict[int, list[int]] = {}
+    calls: list[tuple[int, Any]] = []  # (requests, K) of each batch, in the order they ran
     together = bench._together
 
     def counted(pipe: Any, batch: list[np.ndarray], settings: Any) -> Any:
         ids = [next(i for i, p in enumerate(prompts) if p is q) for q in batch]
         ran.setdefault(len(batch), []).extend(ids)
+        calls.append((len(batch), settings.k))
         return together(pipe, batch, settings)
 
     monkeypatch.setattr(bench, "_together", counted)
@@ -645,6 +685,11 @@ def test_the_concurrency_bench_runs_every_prompt_at_every_concurrency(
     results = bench.run_concurrency(pipe, prompts, (1, 2), modes, 4, 1, lambda _m: None)
     for c in (1, 2):  # each of the 3 modes ran every prompt, in ceil(3 / c) batches of c
         assert sorted(set(ran[c])) == [0, 1, 2] and len(ran[c]) == 3 * -(-3 // c) * c
+    # interleaved: every mode ran its 1-request batches before any mode its 2-request ones,
+    # each mode's batches of a concurrency back to back, the modes' order turned per unit
+    assert [n for n, _ in calls] == [1] * 9 + [2] * 6
+    assert [k for _, k in calls[:9:3]] == [0, 2, "auto"]  # unit 3 of repeat 0: turned by 3
+    assert [k for _, k in calls[9::2]] == [2, "auto", 0]  # unit 4: turned by 4 = 1 mod 3
     rows = results["rows"]
     assert [(r["mode"], r["concurrency"]) for r in rows[:3]] == [
         ("off", "alone"),

@@ -251,3 +251,86 @@ def test_the_last_row_of_a_batch_does_not_read_its_context_into_the_draft_for_a_
     assert widths.plan([s], 1) is not None and s.k == 0
     s.draft_rows = LaggingDraft(99)  # type: ignore[assignment]
     assert widths.plan([s], 1) is None
+
+
+def test_the_plan_search_weighs_a_row_dropped_from_sums_as_a_full_recount_would() -> None:
+    """Plans.search prices a plan without one row's drafting from the current plan's sums; on
+    random batches (fixed rows, rows drafting in shared passes or on their own, several of the
+    largest K) it picks the plan the same greedy search picks when it recounts every plan."""
+    from specx.runtime.batch_widths import Plans
+
+    def recounting_search(plans: Plans, widest: int) -> list[int]:
+        best_ks, best_rate = [0] * len(plans.expected), -1.0
+        for w in range(1, widest + 1):
+            ks = [min(limit, w - 1) for limit in plans.limits]
+            current = plans.rate(ks)
+            while True:
+                worst, gain = -1, current
+                for i, k in enumerate(ks):
+                    if k:
+                        ks[i] = 0
+                        if (without := plans.rate(ks)) > gain:
+                            worst, gain = i, without
+                        ks[i] = k
+                if worst < 0:
+                    break
+                ks[worst], current = 0, gain
+            if current > best_rate:
+                best_ks, best_rate = ks, current
+        return best_ks
+
+    rng = np.random.default_rng(7)
+    drafted_plans = 0
+    for _ in range(300):
+        n, widest = int(rng.integers(1, 9)), int(rng.integers(2, 6))
+        fixed_width = int(rng.integers(1, 4))
+        accept = rng.uniform(0.0, 0.95, n)
+        plans = Plans(
+            expected=[[sum(a**j for j in range(k + 1)) for k in range(widest)] for a in accept],
+            own_s=[[k * rng.uniform(0, 0.004) for k in range(widest)] for _ in range(n)],
+            shares=[bool(x) for x in rng.integers(0, 2, n)],
+            limits=[int(x) for x in rng.integers(0, widest, n)],
+            base_tokens=float(rng.integers(0, 3)),
+            fixed_width=fixed_width,
+            fixed_shared_rows=int(rng.integers(0, 2)),
+            fixed_shared_k=fixed_width - 1,
+            pass_by_width=[0.0] + [0.04 * (1 + rng.uniform(0.02, 0.3) * w) for w in range(6)],
+            shared_draft_s=lambda r, k: 0.01 * k * (1 + 0.1 * r),
+            share={False: rng.uniform(0.9, 1.0), True: rng.uniform(0.8, 1.0)},
+        )
+        found = plans.search(widest)
+        assert found == recounting_search(plans, widest)
+        drafted_plans += any(found)
+    assert 30 < drafted_plans < 270  # the cases pick drafting plans and plain ones
+
+
+def test_where_the_caller_waits_for_the_whole_batch_only_the_rows_most_behind_draft() -> None:
+    """Two rows whose lookups agree, over a pass that widens for little: where each request
+    waits for its own tokens, both draft (row 0 may draft one token, row 1 four); where the
+    caller waits for the batch, the row with fewer tokens left gains the batch nothing by
+    drafting (the steps go on for the other) and does not widen the pass, and its tokens beyond
+    one a step are weighed so."""
+    widths = planner(0.040, 0.05, rows=2)
+
+    def two_rows() -> list[BatchSequence]:
+        rows = [row(r, KnownPolicy(0.9, 0.0), LOOKUP) for r in range(2)]
+        rows[0].k_limit = 1
+        for s, made in zip(rows, (4, 14), strict=True):
+            s.settings = GenerationSettings(max_new_tokens=64)
+            s.stats.new_tokens = made  # 60 and 50 tokens left
+        return rows
+
+    each = two_rows()
+    widths.plan(each, 2)
+    assert [s.k for s in each] == [1, 4]
+    assert widths.weighted_tokens({0: 2, 1: 5}) == 7
+    batch = two_rows()
+    expected = widths.plan(batch, 2, last_to_finish=60)
+    assert [s.k for s in batch] == [1, 1]  # row 1 only rides in the width row 0 takes
+    assert expected is not None and np.isclose(expected[2], 1.9 + 1)  # tokens expected
+    assert widths.weighted_tokens({0: 2, 1: 3}) == 2 + 1  # row 1's two extra count nothing
+    # neither row behind the other: both count, both draft
+    level = two_rows()
+    level[1].stats.new_tokens = 4
+    widths.plan(level, 2, last_to_finish=60)
+    assert [s.k for s in level] == [1, 4]
