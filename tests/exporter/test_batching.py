@@ -733,3 +733,20 @@ def test_the_step_parts_script_splits_batch_steps_and_puts_back_what_it_timed(ll
     ms = script.prefill_logits(pipe, 20, 2)
     assert set(ms) == {"prefill", "lm_head", "every output fetched", "logits not fetched"}
     assert all(v > 0 for v in ms.values())
+
+
+def test_the_batch_rows_script_counts_each_rows_passes_and_drafts(llama: Any) -> None:
+    script = load_script("batch_rows")
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    prompts = [_ids(pipe, p) for p in PROMPTS[:3]]
+    off = script.batch_rows(pipe, prompts, 2, 0, new_tokens=6, drafter="mixed")
+    drafted = script.batch_rows(pipe, prompts, 2, 3, new_tokens=6, drafter="mixed")
+    assert len(off) == len(drafted) == 2  # ceil(3 / 2) batches of 2 rows
+    for b in off:
+        assert [row[:1] for row in b] == [(6,), (6,)]
+        assert all(passes == 6 and proposed == accepted == 0 for _, passes, proposed, accepted in b)
+    rows = [row for b in drafted for row in b]
+    assert all(proposed > 0 and 0 <= accepted <= proposed for _, _, proposed, accepted in rows)
+    # each pass commits one token and what it accepted (the last may cut some off)
+    assert all(passes <= tokens <= passes + accepted for tokens, passes, _, accepted in rows)
