@@ -237,14 +237,22 @@ class WidthPlanner:
         one_token_s = self.pass_s(1, 1)
         if not adaptive or one_token_s is None:
             return None
-        if len(active) == 1 and not joining and not self.catchup_tokens(active[0]):
+        alone = active[0]
+        if (
+            len(active) == 1
+            and not joining
+            and not (alone.shared_pass and self.catchup_tokens(alone))
+        ):
             # a row alone in the pass (a batch of one, or the last of a batch): its policy's
             # own K stands, chosen as alone (with its probes and the draft's confidence) from
             # the costs of the one-row passes it has seen. Not while others read their prompts
-            # (it is not alone for long), nor while its draft row lacks more than a step feeds:
-            # the last row of a batch that did not draft would read its whole context into the
-            # draft model (about 100 tokens, 0.15-0.3 s on SmolLM2's int8 draft at 64 new
-            # tokens) for its last few tokens, which that read must pay for
+            # (it is not alone for long), nor where it shared passes and its draft row lacks
+            # more than a step feeds: the last row of a batch that did not draft would read its
+            # whole context into the draft model (about 100 tokens, 0.15-0.3 s on SmolLM2's
+            # int8 draft at 64 new tokens) for its last few tokens, which that read must pay
+            # for. A row that never shared a pass decodes as alone, catch-ups and all (planned
+            # whenever its hybrid's lookups had left its draft row behind, in 67 of 311 steps, a
+            # batch of one ran 0.89-0.90 of -k auto alone in two bench runs: batching.md)
             return None
         fixed = [s for s in active if not isinstance(s.policy, AdaptiveK)]
         fixed_width = 1 + max((s.k for s in fixed), default=0)

@@ -86,6 +86,7 @@ class BatchSequence:
     draft_s: float = 0.0
     decode_start: float = 0.0  # when it joined the decoding rows
     prefilled: int = -1  # prompt tokens in the cache while it joins; -1 once it decodes
+    shared_pass: bool = False  # it has decoded in a pass with other rows
 
     @property
     def committed(self) -> np.ndarray:
@@ -316,6 +317,9 @@ class BatchDecoder:
         first = min(s.row for s in active)
         last = max(s.row for s in active)
         started, before = perf_counter(), {s.row: s.stats.new_tokens for s in active}
+        if len(active) > 1:
+            for s in active:
+                s.shared_pass = True
         for s in active:
             self._decide(s, room=self.capacity - longest - 1)
         reading = sum(1 for s in self._rows if s is not None and s.prefilled >= 0)

@@ -750,3 +750,14 @@ def test_the_batch_rows_script_counts_each_rows_passes_and_drafts(llama: Any) ->
     assert all(proposed > 0 and 0 <= accepted <= proposed for _, _, proposed, accepted in rows)
     # each pass commits one token and what it accepted (the last may cut some off)
     assert all(passes <= tokens <= passes + accepted for tokens, passes, _, accepted in rows)
+
+
+def test_the_batch_of_one_script_compares_it_with_the_same_request_alone(llama: Any) -> None:
+    script = load_script("batch_of_one")
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    prompts = [_ids(pipe, p) for p in PROMPTS[:2]]
+    totals = script.alone_and_batch_of_one(pipe, prompts, 2, new_tokens=8, drafter="mixed")
+    assert set(totals) == {"alone", "batch of one"}
+    for t in totals.values():  # the second round only: 2 prompts x 8 tokens
+        assert t["tokens"] == 16 and 0 < t["passes"] <= 16 and t["seconds"] > 0

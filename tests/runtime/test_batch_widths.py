@@ -237,10 +237,11 @@ def test_a_pass_not_measured_yet_is_scaled_from_one_of_its_own_kind() -> None:
 def test_the_last_row_of_a_batch_does_not_read_its_context_into_the_draft_for_a_few_tokens() -> (
     None
 ):
-    """Alone in its batch, a row's policy chooses its own K, but not while its draft row lacks
-    its context (the batch decoded plainly): 98 tokens to read for the 6 tokens it has left do
-    not pay, and the planner keeps it decoding; once its draft row holds its context, its
-    policy's own K stands again."""
+    """Alone in its batch, a row's policy chooses its own K, but not the last row of a batch
+    while its draft row lacks its context (the batch decoded plainly): 98 tokens to read for the
+    6 tokens it has left do not pay, and the planner keeps it decoding; once its draft row holds
+    its context, its policy's own K stands again. A row that never shared a pass (a batch of
+    one) decodes as alone whatever its draft row lacks."""
     widths = planner(0.040, 0.05, rows=1)
     widths.observe_catchup(40, 0.080)  # 2 ms a token read among many
     s = row(0, KnownPolicy(0.9, 0.004), MODEL, shares=True)
@@ -248,6 +249,9 @@ def test_the_last_row_of_a_batch_does_not_read_its_context_into_the_draft_for_a_
     s.n_context, s.settings = 100, GenerationSettings(max_new_tokens=64)
     s.stats.new_tokens = 58
     s.draft_rows = LaggingDraft(0)  # type: ignore[assignment]
+    s.k = 3  # what its policy decided
+    assert widths.plan([s], 1) is None and s.k == 3  # a batch of one decodes as alone
+    s.shared_pass = True  # the last row of a batch whose rows decoded plainly
     assert widths.plan([s], 1) is not None and s.k == 0
     s.draft_rows = LaggingDraft(99)  # type: ignore[assignment]
     assert widths.plan([s], 1) is None
