@@ -87,7 +87,7 @@ class SourceEstimate:
             [keep * a for a in self.confidence_accepted],
             self.confidence_seen,
             1 if self.steps else 0,
-            0,
+            self.zero_streak,  # the probes' rhythm goes on: short generations still probe
             self.probe_after,
         )
 
@@ -307,11 +307,17 @@ class AdaptiveK:
                 if step.proposed < len(est.draft_by_k):
                     n, t = est.draft_by_k[step.proposed]
                     est.draft_by_k[step.proposed] = (n + 1.0, t + step.draft_s)
-            elif not est.draft_seen or per_token < est.draft_pass_s:
+            elif est.draft_seen:
                 # a first pass that also caught up several tokens costs at least a one-token
                 # pass: an upper bound, which corrects an estimate inflated by a slow first step
-                est.draft_pass_s = per_token
-                est.draft_seen = True
+                est.draft_pass_s = min(est.draft_pass_s, per_token)
+            else:
+                # nothing measured yet, and the step's first pass also read `catchup` tokens (a
+                # batch row's first draft reads its whole prompt: priced per proposed token,
+                # drafting would look several times dearer than it is, and a policy that stops
+                # drafting never measures it again). Per token read it cost at most this: a
+                # provisional estimate, replaced by the first step that drafts without one.
+                est.draft_pass_s = step.draft_s / (step.proposed + step.catchup)
         if not step.proposed:
             est.zero_streak += 1
             return

@@ -757,7 +757,12 @@ def test_the_batch_of_one_script_compares_it_with_the_same_request_alone(llama: 
     artifact, _ = llama
     pipe = Pipeline.load(artifact)
     prompts = [_ids(pipe, p) for p in PROMPTS[:2]]
-    totals = script.alone_and_batch_of_one(pipe, prompts, 2, new_tokens=8, drafter="mixed")
-    assert set(totals) == {"alone", "batch of one"}
-    for t in totals.values():  # the second round only: 2 prompts x 8 tokens
-        assert t["tokens"] == 16 and 0 < t["passes"] <= 16 and t["seconds"] > 0
+    totals = script.alone_and_batch_of_one(
+        pipe, prompts, 2, new_tokens=8, drafter="mixed", modes=("off", "2", "auto"), between=2
+    )
+    assert set(totals) == {"off", "2", "auto"}
+    for mode, ways in totals.items():
+        assert set(ways) == {"alone", "batch of one"}
+        for t in ways.values():  # the second round only: 2 prompts x 8 tokens
+            assert t["tokens"] == 16 and 0 < t["passes"] <= 16 and t["seconds"] > 0
+            assert (t["passes"] == 16) == (mode == "off")  # off: one token a pass

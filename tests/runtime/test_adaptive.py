@@ -179,6 +179,42 @@ def test_adaptive_k_inherits_what_an_earlier_generation_learned() -> None:
     assert warm.decide(MODEL).k == 6  # cheap, always-accepted drafts: the longest K from step one
 
 
+def test_a_first_draft_that_also_reads_the_prompt_does_not_price_drafting_out() -> None:
+    # a batch row's first model draft reads its whole prompt (45 tokens) in its first pass:
+    # 3 drafts in 0.16 s, where a draft pass costs 0.02 s and the target's 0.04 s
+    policy = AdaptiveK(max_k=4)
+    policy.decide(MODEL)
+    policy.observe(StepResult(ids(0, 0, 0, 0), MODEL, 3, 3, 0.16, 0.045, 3, 45))
+    assert policy.decide(MODEL).k > 0  # priced per proposed token (0.053 s) it would stop here
+    assert not policy.sources[MODEL].draft_seen  # provisional until a step drafts without it
+    for _ in range(5):
+        k = policy.decide(MODEL).k
+        policy.observe(step(k, k, draft_s=0.02, verify_s=0.04))
+    assert policy.sources[MODEL].draft_pass_s == pytest.approx(0.02)
+    assert policy.decide(MODEL).k > 0
+
+
+def test_a_later_generation_keeps_the_probe_rhythm_of_the_one_before() -> None:
+    # a drafter that never agrees: the probes back off to every 16 K = 0 steps; generations of
+    # 10 steps each must still probe, every 16 steps across them, not never
+    policy = AdaptiveK(max_k=4, probe_every=4)
+    policy.PROBE_MOST = 16
+    ks = []
+    for _ in range(12):
+        fresh = AdaptiveK(max_k=4, probe_every=4)
+        fresh.PROBE_MOST = 16
+        fresh.inherit(policy)
+        policy = fresh
+        for _ in range(10):
+            k = policy.decide(MODEL).k
+            ks.append(k)
+            policy.observe(step(k, 0, draft_s=0.02, verify_s=0.03))
+    probes = [i for i, k in enumerate(ks) if k > 0]
+    assert probes[-1] > 80 and len(probes) >= 6, ks
+    gaps = [b - a - 1 for a, b in itertools.pairwise(probes)]
+    assert set(gaps[-2:]) == {16}
+
+
 def test_the_replay_simulation_runs_the_real_policy_on_a_recorded_trace() -> None:
     sim = load_script("adaptive_sim")
     # an easy text (8 of 8 accepted, confident) followed by a hard one (nothing accepted, unsure)
