@@ -164,8 +164,7 @@ class WidthPlanner:
             return 0.0
         per_token = self.catchup_token_s
         whole = extra * (self.CATCHUP_PRIOR * one_token_s if per_token is None else per_token)
-        remaining = s.settings.max_new_tokens - s.stats.new_tokens
-        steps_left = remaining / max(1.0, tokens_per_step)
+        steps_left = s.tokens_left / max(1.0, tokens_per_step)
         return whole / max(1.0, min(steps_left, self.drafting_run(rows)))
 
     @staticmethod
@@ -312,8 +311,7 @@ class WidthPlanner:
         steps go on for the other), 0; the rows with the most left, 1."""
         if last_to_finish is None:
             return 1.0
-        left = s.settings.max_new_tokens - s.stats.new_tokens
-        return 1.0 if left >= last_to_finish else 0.0
+        return 1.0 if s.tokens_left >= last_to_finish else 0.0
 
     def weighted_tokens(self, made: dict[int, int]) -> float:
         """A step's tokens (row -> tokens it committed) as the last plan weighed them: each

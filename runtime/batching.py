@@ -92,6 +92,11 @@ class BatchSequence:
     def committed(self) -> np.ndarray:
         return self.context[: self.n_context]
 
+    @property
+    def tokens_left(self) -> int:
+        """New tokens it may still make before max_new_tokens stops it."""
+        return self.settings.max_new_tokens - self.stats.new_tokens
+
 
 class BatchDecoder:
     """Up to `rows` sequences decoding together through one batched graph."""
@@ -325,9 +330,7 @@ class BatchDecoder:
         reading = sum(1 for s in self._rows if s is not None and s.prefilled >= 0)
         last_to_finish = None
         if self.finish_together:  # the caller waits for the last row: the rows most behind
-            last_to_finish = max(
-                s.settings.max_new_tokens - s.stats.new_tokens for s in self._rows if s is not None
-            )
+            last_to_finish = max(s.tokens_left for s in self._rows if s is not None)
         expected = self.widths.plan(active, last - first + 1, reading, last_to_finish)
         self._draft_all(active)
         width = 1 + max(s.proposal.tokens.shape[0] for s in active)
@@ -368,14 +371,13 @@ class BatchDecoder:
 
     # -- one sequence's part of a step -------------------------------------------------------
     def _decide(self, s: BatchSequence, room: int) -> None:
-        remaining = s.settings.max_new_tokens - s.stats.new_tokens
         s.source = s.drafter.source(s.committed) if s.drafter is not None else NONE
         s.shares_draft = (
             s.shared_drafter is not None and s.shared_drafter.draft_session(s.source) is not None
         )
         s.decision = s.policy.decide(s.source)
         most = s.policy.max_k if isinstance(s.policy, AdaptiveK) else s.decision.k
-        s.k_limit = max(0, min(room, remaining - 1, most))
+        s.k_limit = max(0, min(room, s.tokens_left - 1, most))
         s.k = max(0, min(s.decision.k, s.k_limit))
 
     def _bind_draft(self, drafter: Drafter, row: int) -> DraftRows | None:
@@ -468,8 +470,7 @@ class BatchDecoder:
         stats.verify_s += verify_s
         stats.draft_passes += step.draft_passes
         stats.decode_s = perf_counter() - s.decode_start  # wall time, others' work included
-        remaining = s.settings.max_new_tokens - stats.new_tokens
-        new = step.tokens[:remaining]
+        new = step.tokens[: s.tokens_left]
         hits = [i for i, t in enumerate(new.tolist()) if t in self.eos]
         if hits:
             new = new[: hits[0] + 1]
