@@ -315,8 +315,9 @@ class AdaptiveK:
                 # nothing measured yet, and the step's first pass also read `catchup` tokens (a
                 # batch row's first draft reads its whole prompt: priced per proposed token,
                 # drafting would look several times dearer than it is, and a policy that stops
-                # drafting never measures it again). Per token read it cost at most this: a
-                # provisional estimate, replaced by the first step that drafts without one.
+                # drafting never measures it again). Its seconds per token read are less than a
+                # draft pass costs: a provisional, optimistic estimate, which the first step
+                # that drafts without a catch-up replaces.
                 est.draft_pass_s = step.draft_s / (step.proposed + step.catchup)
         if not step.proposed:
             est.zero_streak += 1
