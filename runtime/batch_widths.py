@@ -249,9 +249,9 @@ class WidthPlanner:
             # more than a step feeds: the last row of a batch that did not draft would read its
             # whole context into the draft model (about 100 tokens, 0.15-0.3 s on SmolLM2's
             # int8 draft at 64 new tokens) for its last few tokens, which that read must pay
-            # for. A row that never shared a pass decodes as alone, catch-ups and all (planned
-            # whenever its hybrid's lookups had left its draft row behind, in 67 of 311 steps, a
-            # batch of one ran 0.89-0.90 of -k auto alone in two bench runs: batching.md)
+            # for. A row that never shared a pass decodes as alone, catch-ups and all (it was
+            # planned whenever its hybrid's lookups had left its draft row behind: 67 of 311
+            # steps in a diagnostic, batching.md)
             return None
         fixed = [s for s in active if not isinstance(s.policy, AdaptiveK)]
         fixed_width = 1 + max((s.k for s in fixed), default=0)

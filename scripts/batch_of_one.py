@@ -51,13 +51,16 @@ def alone_and_batch_of_one(
         )
         for m in modes
     }
+    between_settings = GenerationSettings(
+        max_new_tokens=new_tokens, k="auto", drafter=drafter, max_k=4
+    )
     totals = {m: {w: {"tokens": 0.0, "passes": 0.0, "seconds": 0.0} for w in WAYS} for m in modes}
     cases = [(m, w) for m in modes for w in WAYS]
     for r in range(rounds):
         for p, prompt in enumerate(prompts):
             if between:
                 others = [prompts[(p + j) % len(prompts)] for j in range(between)]
-                pipe.generate_batch(others, settings.get("auto", settings[modes[0]]), between)
+                pipe.generate_batch(others, between_settings, between)
             turn = (r * len(prompts) + p) % len(cases)
             for mode, way in cases[turn:] + cases[:turn]:
                 t0 = time.perf_counter()
