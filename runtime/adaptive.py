@@ -320,6 +320,11 @@ class AdaptiveK:
                 # that drafts without a catch-up replaces.
                 est.draft_pass_s = step.draft_s / (step.proposed + step.catchup)
         if not step.proposed:
+            if step.lookup_first_hit is not None:
+                # what the lookup offered and the step did not draft: its first position's
+                # acceptance, learned for free (generate.lookup_guess)
+                est.reached[0] = d * est.reached[0] + 1.0
+                est.accepted[0] = d * est.accepted[0] + float(step.lookup_first_hit)
             est.zero_streak += 1
             return
         est.zero_streak = 0

@@ -44,7 +44,14 @@ from specx.runtime.drafters.base import (
 )
 from specx.runtime.drafters.shared_passes import DraftRows, RowSteps, can_share_passes
 from specx.runtime.errors import InputError
-from specx.runtime.generate import KPolicy, StepDecision, StepResult, Verifier, make_verifier
+from specx.runtime.generate import (
+    KPolicy,
+    StepDecision,
+    StepResult,
+    Verifier,
+    lookup_guess,
+    make_verifier,
+)
 from specx.runtime.kv_cache import common_prefix
 from specx.runtime.sampling import PositionNoise
 from specx.runtime.settings import GenerationSettings
@@ -84,6 +91,7 @@ class BatchSequence:
     draft_rows: DraftRows | None = None  # where the drafter's cache lives while in the batch
     shared_drafter: SharedPassDrafter | None = None  # the drafter, while bound to draft_rows
     draft_s: float = 0.0
+    guess: int | None = None  # what a lookup offered at a step that drafts nothing
     decode_start: float = 0.0  # when it joined the decoding rows
     prefilled: int = -1  # prompt tokens in the cache while it joins; -1 once it decodes
     shared_pass: bool = False  # it has decoded in a pass with other rows
@@ -427,6 +435,7 @@ class BatchDecoder:
             for s in group:
                 s.proposal = proposals[s.row]
                 s.draft_s = seconds
+                s.guess = None
 
     def _draft(self, s: BatchSequence) -> None:
         t0 = perf_counter()
@@ -435,6 +444,9 @@ class BatchDecoder:
         else:
             s.proposal = NO_PROPOSAL
         s.draft_s = perf_counter() - t0
+        s.guess = (
+            None if s.proposal.tokens.shape[0] else lookup_guess(s.drafter, s.committed, s.source)
+        )
 
     def _accept(
         self,
@@ -462,6 +474,7 @@ class BatchDecoder:
             draft_passes=proposal.model_passes,
             catchup=proposal.catchup,
             confidence=proposal.confidence,
+            lookup_first_hit=None if s.guess is None else s.guess == next_token,
         )
         s.policy.observe(step)
         stats = s.stats

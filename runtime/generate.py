@@ -21,6 +21,7 @@ import numpy as np
 
 from specx.runtime.backends.base import GraphSession
 from specx.runtime.drafters.base import (
+    LOOKUP,
     NO_PROPOSAL,
     NONE,
     Drafter,
@@ -55,6 +56,9 @@ class StepResult:
     draft_passes: int = 0  # draft-model passes of this step
     catchup: int = 0  # committed tokens the drafter had to feed before drafting
     confidence: np.ndarray | None = None  # [proposed] the draft's top probability per token
+    # a step that drafted nothing though a lookup had tokens to offer: whether the first of them
+    # is the token the target committed (None: no such offer; see lookup_guess)
+    lookup_first_hit: bool | None = None
 
 
 class KPolicy(Protocol):
@@ -106,6 +110,22 @@ def make_verifier(sampling: SamplingParams, noise: PositionNoise) -> Verifier:
     return invariant if sampling.verification == "invariant" else rejection
 
 
+def lookup_guess(drafter: Drafter | None, context: np.ndarray, source: str) -> int | None:
+    """The first token a lookup offers at a step that drafts nothing (None: it offers none).
+
+    A lookup costs nothing to ask, so -k auto learns how often its first token is right at every
+    step, not only at the steps it drafts: it stops drafting where drafting does not pay (a
+    batch's wide passes), and the estimate it stopped on would otherwise stand until a probe.
+    Comparing the guess with the committed token is what verifying it would have found: greedy,
+    the same token; sampling, a point-mass draft is accepted with the target's probability of
+    it, which is the chance that it is the token sampled (drafter-invariant sampling: exactly
+    the token the race picks)."""
+    if drafter is None or source != LOOKUP:
+        return None
+    tokens = drafter.propose(context, 1).tokens  # a lookup's proposal needs no commit
+    return int(tokens[0]) if tokens.shape[0] else None
+
+
 def speculative_step(
     target: GraphSession,
     cache: KVCache,
@@ -130,6 +150,7 @@ def speculative_step(
         drafter.commit(n_accepted)
     if target.last_features is not None and isinstance(drafter, FeatureReader):
         drafter.observe_features(committed, target.last_features[: 1 + n_accepted])
+    guess = lookup_guess(drafter, context, source) if not proposal.tokens.shape[0] else None
     return StepResult(
         tokens=np.append(proposal.tokens[:n_accepted], np.int64(next_token)),
         source=source,
@@ -140,6 +161,7 @@ def speculative_step(
         draft_passes=proposal.model_passes,
         catchup=proposal.catchup,
         confidence=proposal.confidence,
+        lookup_first_hit=None if guess is None else guess == next_token,
     )
 
 

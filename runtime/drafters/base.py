@@ -41,7 +41,9 @@ if TYPE_CHECKING:
 
 # Where a proposal comes from; -k auto keeps its estimates per source.
 MODEL = "model"  # a draft model: a pass per drafted token
-LOOKUP = "lookup"  # a lookup in the text so far: free
+# a lookup in the text so far: free, and needs no commit (a step that drafts nothing may ask it
+# for one token to learn its acceptance: generate.lookup_guess)
+LOOKUP = "lookup"
 NONE = "none"  # nothing to propose: the step is a plain decode step
 
 EMPTY = np.zeros(0, dtype=np.int64)

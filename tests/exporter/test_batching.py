@@ -766,3 +766,71 @@ def test_the_batch_of_one_script_compares_it_with_the_same_request_alone(llama: 
         for t in ways.values():  # the second round only: 2 prompts x 8 tokens
             assert t["tokens"] == 16 and 0 < t["passes"] <= 16 and t["seconds"] > 0
             assert (t["passes"] == 16) == (mode == "off")  # off: one token a pass
+
+
+class _NeverDrafts:
+    """A K policy that never drafts and keeps every step it is told of."""
+
+    def __init__(self) -> None:
+        self.steps: list[Any] = []
+
+    def decide(self, source: str) -> Any:
+        from specx.runtime.generate import StepDecision
+
+        return StepDecision(0)
+
+    def observe(self, step: Any) -> None:
+        self.steps.append(step)
+
+
+def _lookup_offers(prompt: np.ndarray, steps: list[Any]) -> list[bool | None]:
+    """Per step, recomputed from the committed tokens with a fresh lookup: whether the first
+    token it offered before the step is the one the step committed (None: it offered none)."""
+    from specx.runtime.drafters.ngram import NgramDrafter
+
+    context, out = prompt.copy(), []
+    for step in steps:
+        offer = NgramDrafter().continuation(context)
+        out.append(None if not offer.shape[0] else bool(offer[0] == step.tokens[0]))
+        context = np.concatenate([context, step.tokens])
+    return out
+
+
+def test_a_step_that_drafts_nothing_tells_the_policy_whether_the_lookup_was_right(
+    llama: Any,
+) -> None:
+    """Alone and in a batch, a step that drafts nothing while a lookup had tokens to offer
+    reports whether the lookup's first token is the one committed; no other step does."""
+    from specx.runtime.batching import BatchDecoder, single_graph
+    from specx.runtime.drafters.ngram import NgramDrafter
+    from specx.runtime.generate import decode_loop
+    from specx.runtime.stats import Stats
+
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    prompts = [_ids(pipe, PROMPTS[i]) for i in (4, 0)]
+    alone = _NeverDrafts()
+    for _ in decode_loop(
+        pipe.target,
+        pipe.target.new_cache(pipe.manifest.max_length),
+        NgramDrafter(),
+        prompts[0],
+        pipe_settings(max_new_tokens=40),
+        alone,
+        (),
+        Stats(),
+    ):
+        pass
+    offers = _lookup_offers(prompts[0], alone.steps)
+    assert [s.lookup_first_hit for s in alone.steps] == offers
+    assert set(offers) == {True, False, None}  # offers right and wrong, and none
+
+    decoder = BatchDecoder(pipe.batched_session().fork(), 2, 96, (), single_graph(pipe))
+    rows = [_NeverDrafts() for _ in prompts]
+    for p, policy in zip(prompts, rows, strict=True):
+        decoder.add(p, pipe_settings(max_new_tokens=24), policy, NgramDrafter(), Stats())
+    decoder.run()
+    for p, policy in zip(prompts, rows, strict=True):
+        offers = _lookup_offers(p, policy.steps)
+        assert [s.lookup_first_hit for s in policy.steps] == offers
+        assert any(o is not None for o in offers)

@@ -115,6 +115,26 @@ def test_adaptive_k_keeps_separate_estimates_for_lookups_and_model_drafts() -> N
     assert policy.decide(NONE).k == 0  # a lookup without a match: a plain decode step
 
 
+def test_a_lookup_the_policy_does_not_draft_still_teaches_its_first_position() -> None:
+    """Steps that draft nothing though a lookup offered tokens (a batch's wide passes do not pay)
+    tell the policy whether the offer's first token was right: its first position's acceptance
+    follows them, the later positions borrow it, and the steps stay K = 0 steps (a probe still
+    comes after a run of them). Steps without an offer teach nothing."""
+    policy = AdaptiveK(max_k=4, probe_every=4)
+    policy.observe(StepResult(ids(0), LOOKUP, 4, 4, 1e-5, 0.03))  # one lookup drafted, all right
+    before = policy.acceptances(LOOKUP)
+    for _ in range(3):
+        policy.observe(StepResult(ids(0), LOOKUP, 0, 0, 0.0, 0.03))  # no offer: nothing learned
+    assert policy.acceptances(LOOKUP) == before
+    for i in range(30):  # offers right one time in five
+        policy.observe(StepResult(ids(0), LOOKUP, 0, 0, 0.0, 0.03, lookup_first_hit=i % 5 == 0))
+    after = policy.acceptances(LOOKUP)
+    assert before[0] > 0.6 and 0.15 < after[0] < 0.3
+    assert after[3] < before[3]  # the later positions are shrunk toward the first
+    assert policy.sources[LOOKUP].zero_streak == 33
+    assert policy.decide(LOOKUP).k == 2  # the probe after a run of K = 0 steps
+
+
 def test_adaptive_k_charges_each_verify_width_what_it_was_measured_to_cost() -> None:
     """Pass time is not linear in the width (3 to 5 tokens cost the same here, 7 a third more):
     a line would overcharge K = 4 and undercharge K = 6."""
