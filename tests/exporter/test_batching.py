@@ -834,3 +834,14 @@ def test_a_step_that_drafts_nothing_tells_the_policy_whether_the_lookup_was_righ
         offers = _lookup_offers(p, policy.steps)
         assert [s.lookup_first_hit for s in policy.steps] == offers
         assert any(o is not None for o in offers)
+
+
+def test_the_batch_trace_script_traces_the_concurrency_benchs_own_run(llama: Any) -> None:
+    script = load_script("batch_trace")
+    artifact, _ = llama
+    lines = script.bench_steps(Pipeline.load(artifact), 1, "mixed", prompts=2, new_tokens=6)
+    text = "\n".join(lines)
+    assert "mode" in lines[0] and "mixed K=auto" in text  # the bench's table
+    planned = [line for line in lines if " rows plain " in line or " rows drafted " in line]
+    assert planned and all(int(line.split("steps")[1].split()[0]) > 0 for line in planned)
+    assert any("shared draft-model runs" in line for line in lines)  # the fixed-K rows' runs

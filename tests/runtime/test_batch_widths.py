@@ -308,6 +308,45 @@ def test_the_plan_search_weighs_a_row_dropped_from_sums_as_a_full_recount_would(
     assert 30 < drafted_plans < 270  # the cases pick drafting plans and plain ones
 
 
+def test_the_bound_the_plan_search_skips_widths_by_holds_for_every_plan_it_skips() -> None:
+    """Plans.search skips a width whose plans cannot beat the best so far: on random batches,
+    every plan in which some row drafts (each up to w - 1, any subset of the rows) is priced at
+    most the bound for w, and the bound lets the search skip widths in some of them."""
+    import itertools
+
+    from specx.runtime.batch_widths import Plans
+
+    rng = np.random.default_rng(11)
+    skipped = 0
+    for _ in range(200):
+        n, widest = int(rng.integers(1, 7)), int(rng.integers(2, 6))
+        fixed_width = int(rng.integers(1, 4))
+        accept = rng.uniform(0.0, 0.95, n)
+        plans = Plans(
+            expected=[[sum(a**j for j in range(k + 1)) for k in range(widest)] for a in accept],
+            own_s=[[k * rng.uniform(0, 0.004) for k in range(widest)] for _ in range(n)],
+            shares=[bool(x) for x in rng.integers(0, 2, n)],
+            limits=[int(x) for x in rng.integers(0, widest, n)],
+            base_tokens=float(rng.integers(0, 3)),
+            fixed_width=fixed_width,
+            fixed_shared_rows=int(rng.integers(0, 2)),
+            fixed_shared_k=fixed_width - 1,
+            pass_by_width=[0.0] + [0.04 * (1 + rng.uniform(-0.1, 0.6) * w) for w in range(6)],
+            shared_draft_s=lambda r, k: 0.004 * k * (1 + 0.1 * r),
+            share={False: rng.uniform(0.9, 1.0), True: rng.uniform(0.8, 1.0)},
+        )
+        bound = plans._bounds(widest)
+        plain = plans.rate([0] * n)
+        for w in range(2, widest + 1):
+            most = [min(limit, w - 1) for limit in plans.limits]
+            for drafting in itertools.product((False, True), repeat=n):
+                ks = [k if d else 0 for k, d in zip(most, drafting, strict=True)]
+                if max(ks, default=0) + 1 > 1 or fixed_width > 1:
+                    assert plans.rate(ks) <= bound(w) * (1 + 1e-12)
+            skipped += bound(w) <= plain
+    assert skipped > 20  # the bound is tight enough to skip widths
+
+
 def test_where_the_caller_waits_for_the_whole_batch_only_the_rows_most_behind_draft() -> None:
     """Two rows whose lookups agree, over a pass that widens for little: where each request
     waits for its own tokens, both draft (row 0 may draft one token, row 1 four); where the
