@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from specx.runtime.adaptive import AdaptiveK
-from specx.runtime.batch_widths import WidthPlanner
+from specx.runtime.batch_widths import Plans, WidthPlanner
 from specx.runtime.batching import BatchSequence
 from specx.runtime.drafters.base import LOOKUP, MODEL
 from specx.runtime.generate import make_verifier
@@ -257,11 +257,35 @@ def test_the_last_row_of_a_batch_does_not_read_its_context_into_the_draft_for_a_
     assert widths.plan([s], 1) is None
 
 
+def _random_plans(
+    rng: np.random.Generator, most_rows: int, pass_growth: tuple[float, float], shared_per_k: float
+) -> tuple[Plans, int]:
+    """A random batch's Plans (fixed rows, rows drafting in shared passes or on their own,
+    several of the largest K) and its widest width; `pass_growth`: the range of a pass's growth
+    per width (below 0: a wider pass may cost less), `shared_per_k`: shared drafting a token."""
+    n, widest = int(rng.integers(1, most_rows + 1)), int(rng.integers(2, 6))
+    fixed_width = int(rng.integers(1, 4))
+    accept = rng.uniform(0.0, 0.95, n)
+    plans = Plans(
+        expected=[[sum(a**j for j in range(k + 1)) for k in range(widest)] for a in accept],
+        own_s=[[k * rng.uniform(0, 0.004) for k in range(widest)] for _ in range(n)],
+        shares=[bool(x) for x in rng.integers(0, 2, n)],
+        limits=[int(x) for x in rng.integers(0, widest, n)],
+        base_tokens=float(rng.integers(0, 3)),
+        fixed_width=fixed_width,
+        fixed_shared_rows=int(rng.integers(0, 2)),
+        fixed_shared_k=fixed_width - 1,
+        pass_by_width=[0.0] + [0.04 * (1 + rng.uniform(*pass_growth) * w) for w in range(6)],
+        shared_draft_s=lambda r, k: shared_per_k * k * (1 + 0.1 * r),
+        share={False: rng.uniform(0.9, 1.0), True: rng.uniform(0.8, 1.0)},
+    )
+    return plans, widest
+
+
 def test_the_plan_search_weighs_a_row_dropped_from_sums_as_a_full_recount_would() -> None:
     """Plans.search prices a plan without one row's drafting from the current plan's sums; on
     random batches (fixed rows, rows drafting in shared passes or on their own, several of the
     largest K) it picks the plan the same greedy search picks when it recounts every plan."""
-    from specx.runtime.batch_widths import Plans
 
     def recounting_search(plans: Plans, widest: int) -> list[int]:
         best_ks, best_rate = [0] * len(plans.expected), -1.0
@@ -286,22 +310,7 @@ def test_the_plan_search_weighs_a_row_dropped_from_sums_as_a_full_recount_would(
     rng = np.random.default_rng(7)
     drafted_plans = 0
     for _ in range(300):
-        n, widest = int(rng.integers(1, 9)), int(rng.integers(2, 6))
-        fixed_width = int(rng.integers(1, 4))
-        accept = rng.uniform(0.0, 0.95, n)
-        plans = Plans(
-            expected=[[sum(a**j for j in range(k + 1)) for k in range(widest)] for a in accept],
-            own_s=[[k * rng.uniform(0, 0.004) for k in range(widest)] for _ in range(n)],
-            shares=[bool(x) for x in rng.integers(0, 2, n)],
-            limits=[int(x) for x in rng.integers(0, widest, n)],
-            base_tokens=float(rng.integers(0, 3)),
-            fixed_width=fixed_width,
-            fixed_shared_rows=int(rng.integers(0, 2)),
-            fixed_shared_k=fixed_width - 1,
-            pass_by_width=[0.0] + [0.04 * (1 + rng.uniform(0.02, 0.3) * w) for w in range(6)],
-            shared_draft_s=lambda r, k: 0.01 * k * (1 + 0.1 * r),
-            share={False: rng.uniform(0.9, 1.0), True: rng.uniform(0.8, 1.0)},
-        )
+        plans, widest = _random_plans(rng, 8, (0.02, 0.3), 0.01)
         found = plans.search(widest)
         assert found == recounting_search(plans, widest)
         drafted_plans += any(found)
@@ -314,34 +323,18 @@ def test_the_bound_the_plan_search_skips_widths_by_holds_for_every_plan_it_skips
     most the bound for w, and the bound lets the search skip widths in some of them."""
     import itertools
 
-    from specx.runtime.batch_widths import Plans
-
     rng = np.random.default_rng(11)
     skipped = 0
     for _ in range(200):
-        n, widest = int(rng.integers(1, 7)), int(rng.integers(2, 6))
-        fixed_width = int(rng.integers(1, 4))
-        accept = rng.uniform(0.0, 0.95, n)
-        plans = Plans(
-            expected=[[sum(a**j for j in range(k + 1)) for k in range(widest)] for a in accept],
-            own_s=[[k * rng.uniform(0, 0.004) for k in range(widest)] for _ in range(n)],
-            shares=[bool(x) for x in rng.integers(0, 2, n)],
-            limits=[int(x) for x in rng.integers(0, widest, n)],
-            base_tokens=float(rng.integers(0, 3)),
-            fixed_width=fixed_width,
-            fixed_shared_rows=int(rng.integers(0, 2)),
-            fixed_shared_k=fixed_width - 1,
-            pass_by_width=[0.0] + [0.04 * (1 + rng.uniform(-0.1, 0.6) * w) for w in range(6)],
-            shared_draft_s=lambda r, k: 0.004 * k * (1 + 0.1 * r),
-            share={False: rng.uniform(0.9, 1.0), True: rng.uniform(0.8, 1.0)},
-        )
+        plans, widest = _random_plans(rng, 6, (-0.1, 0.6), 0.004)
+        n, fixed_width = len(plans.expected), plans.fixed_width
         bound = plans._bounds(widest)
         plain = plans.rate([0] * n)
         for w in range(2, widest + 1):
             most = [min(limit, w - 1) for limit in plans.limits]
             for drafting in itertools.product((False, True), repeat=n):
                 ks = [k if d else 0 for k, d in zip(most, drafting, strict=True)]
-                if max(ks, default=0) + 1 > 1 or fixed_width > 1:
+                if any(ks) or fixed_width > 1:
                     assert plans.rate(ks) <= bound(w) * (1 + 1e-12)
             skipped += bound(w) <= plain
     assert skipped > 20  # the bound is tight enough to skip widths
