@@ -15,7 +15,9 @@ Acceptance and drafting cost are kept per *source*: the drafter says before each
 proposal will come from (a hybrid drafter: a free n-gram lookup, or a draft-model pass per token).
 A lookup that matched is cheap and tends to run on, so it deserves a longer K than the model,
 which pays a pass for every token; one estimate for both would fit neither. The target's verify
-cost is shared: it does not depend on who drafted.
+cost is shared: it does not depend on who drafted. A lookup's first position is also learned at
+the steps that do not draft it (asking a lookup costs nothing: generate.lookup_guess), so that a
+batch that stops drafting lookups does not keep the estimate it stopped on.
 """
 
 from __future__ import annotations
