@@ -436,12 +436,12 @@ class Plans:
                 else:
                     own_gain += gain
             cheapest_pass = min(self.pass_by_width[low : max(w, self.fixed_width) + 1])
-            alone = (base + own_gain) / cheapest_pass
+            rate = (base + own_gain) / cheapest_pass  # no row drafting in the shared passes
             if shared_gain > 0.0:
-                alone = max(
-                    alone, (base + own_gain + shared_gain) / (cheapest_pass + cheapest_shared)
+                rate = max(
+                    rate, (base + own_gain + shared_gain) / (cheapest_pass + cheapest_shared)
                 )
-            return alone * self.share[True]
+            return rate * self.share[True]
 
         return bound
 
