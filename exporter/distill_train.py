@@ -188,17 +188,22 @@ def distill_loss(head: FeatureHead, batch: dict[str, Any], to_draft: Any, steps:
     return total / weight
 
 
-def held_out_acceptance(
+OUTSIDE = 1 << 30  # the rank of a target token outside the head's draft vocabulary
+
+
+def true_token_ranks(
     head: FeatureHead, sequences: list[Sequence], to_draft: Any, steps: int, device: Any
-) -> tuple[list[float], float]:
-    """Greedy chain drafting on held-out answers: per position j, the share of chains whose
-    first j drafts all equal the target's greedy tokens, conditional on the first j - 1
-    (what verification would accept); and the share of answer tokens in the draft vocabulary."""
+) -> tuple[np.ndarray, float]:
+    """Greedy drafting along the target's own answers. For every start (an answer position whose
+    next token the head drafts first) and unroll step j = 1..steps: the rank of the target's
+    greedy token among the head's draft logits, the head having read the target's tokens before
+    it (what it drafts after its earlier drafts were accepted). 0: the head's argmax (a tie for
+    the top broken as argmax breaks it), OUTSIDE: not in the draft vocabulary, -1: past the
+    answer's end.
+    Returns the ranks [starts, steps] and the share of answer tokens in the draft vocabulary."""
     import torch
 
-    draft_to_target: Any = head.draft_ids
-    reached = np.zeros(steps + 1)
-    accepted = np.zeros(steps + 1)
+    out = [np.zeros((0, steps), np.int64)]
     inside = total = 0
     with torch.no_grad():
         for start in range(0, len(sequences), 8):
@@ -206,11 +211,8 @@ def held_out_acceptance(
             logits = unrolled_logits(head, batch["ids"], batch["features"], batch["valid"], steps)
             length = batch["ids"].shape[1]
             positions = torch.arange(length, device=device)[None]
-            alive = torch.ones_like(batch["valid"])
-            for j, lg in enumerate(logits, start=1):
-                guess = lg.argmax(-1)  # draft ids [B, T]
-                if draft_to_target is not None:
-                    guess = draft_to_target[guess]
+            columns, starts = [], None
+            for j, lg in enumerate(logits, start=1):  # lg: [B, T, draft_vocab]
                 greedy = torch.roll(batch["top_ids"][..., 0], shifts=-j, dims=1)  # target argmax
                 label_pos = positions + j + 1
                 ok = (
@@ -218,17 +220,42 @@ def held_out_acceptance(
                     & (label_pos >= batch["first"][:, None])
                     & torch.roll(batch["valid"], shifts=-(j + 1), dims=1)
                 )
-                if j == 1:
-                    alive = ok
-                reached[j] += float((alive & ok).sum())
-                alive = alive & ok & (guess == greedy)
-                accepted[j] += float(alive.sum())
+                starts = ok if starts is None else starts
+                index = to_draft[greedy]  # [B, T] the token's draft id, -1 outside
+                value = lg.gather(-1, index.clamp(min=0)[..., None])  # [B, T, 1]
+                rank = (lg > value).sum(-1)  # [B, T]
+                rank += (rank == 0) & (lg.argmax(-1) != index)  # a tie for the top: argmax's
+                rank = torch.where(index < 0, OUTSIDE, rank)
+                columns.append(torch.where(ok, rank, -1))
+            out.append(torch.stack(columns, -1)[starts].cpu().numpy().astype(np.int64))
             answer = [s.ids[s.first_label :] for s in sequences[start : start + 8]]
             for a in answer:
                 total += len(a)
                 inside += int((to_draft[torch.from_numpy(a)] >= 0).sum())
-    conditional = [float(accepted[j] / max(1.0, reached[j])) for j in range(1, steps + 1)]
-    return conditional, inside / max(1, total)
+    return np.concatenate(out), inside / max(1, total)
+
+
+def chain_acceptance(ranks: np.ndarray) -> list[float]:
+    """Per position j of a greedy chain draft: the share of chains whose draft j is the target's
+    token, of those whose drafts 1..j - 1 all were (what verification would accept). ranks:
+    [starts, steps] from true_token_ranks."""
+    alive = np.ones(ranks.shape[0], dtype=bool)
+    conditional = []
+    for j in range(ranks.shape[1]):
+        reached = alive & (ranks[:, j] >= 0)
+        alive = reached & (ranks[:, j] == 0)
+        conditional.append(float(alive.sum() / max(1, int(reached.sum()))))
+    return conditional
+
+
+def held_out_acceptance(
+    head: FeatureHead, sequences: list[Sequence], to_draft: Any, steps: int, device: Any
+) -> tuple[list[float], float]:
+    """Greedy chain drafting on held-out answers: per position j, the share of chains whose
+    first j drafts all equal the target's greedy tokens, conditional on the first j - 1
+    (what verification would accept); and the share of answer tokens in the draft vocabulary."""
+    ranks, coverage = true_token_ranks(head, sequences, to_draft, steps, device)
+    return chain_acceptance(ranks), coverage
 
 
 def tokens_per_pass(conditional: list[float], k: int) -> float:

@@ -33,14 +33,17 @@ def measure(
     steps: int,
     stored: bool,
     log: Any = print,
+    ranks: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
+    """Per workload (and the stored held-out data): the figures above. `ranks`, if given, also
+    receives each workload's true_token_ranks ([starts, steps]: scripts/tree_bound.py)."""
     import torch
 
     from specx.apps.bench.runner import load_workloads
     from specx.exporter.distill import _progress, default_taps
     from specx.exporter.distill_data import Prompt, load_sequences
     from specx.exporter.distill_generate import RuntimeGenerator
-    from specx.exporter.distill_train import held_out_acceptance, tokens_per_pass
+    from specx.exporter.distill_train import chain_acceptance, tokens_per_pass, true_token_ranks
     from specx.exporter.feature_head import build_head, read_head
     from specx.exporter.load import eos_token_ids, load_source, model_vocab_size
 
@@ -54,8 +57,11 @@ def measure(
         to_draft[head.draft_ids] = torch.arange(len(head.draft_ids))
     cpu = torch.device("cpu")
 
-    def figures(sequences: list[Any]) -> dict[str, Any]:
-        conditional, coverage = held_out_acceptance(head, sequences, to_draft, steps, cpu)
+    def figures(sequences: list[Any], name: str = "") -> dict[str, Any]:
+        found, coverage = true_token_ranks(head, sequences, to_draft, steps, cpu)
+        if ranks is not None and name:
+            ranks[name] = found
+        conditional = chain_acceptance(found)
         return {
             "acceptance": [round(a, 3) for a in conditional],
             "tokens_per_pass": {
@@ -74,7 +80,7 @@ def measure(
             prompts = [Prompt(p, bool(spec.get("chat"))) for p in spec["prompts"]]
             quiet = _progress(lambda _m: None)
             answers = generator(prompts, max_new_tokens, eos_token_ids(src), quiet)
-            results[name] = figures(answers)
+            results[name] = figures(answers, name)
             log(f"{name:10s} {json.dumps(results[name])}")
     finally:
         generator.close()
