@@ -21,7 +21,6 @@ import numpy as np
 
 from specx.runtime.backends.base import GraphSession
 from specx.runtime.drafters.base import (
-    LOOKUP,
     NO_PROPOSAL,
     NONE,
     Drafter,
@@ -29,6 +28,7 @@ from specx.runtime.drafters.base import (
     DraftRequest,
     FeatureReader,
     Proposal,
+    is_lookup,
 )
 from specx.runtime.kv_cache import KVCache
 from specx.runtime.sampling import ACCEPT, RESAMPLE, PositionNoise, SamplingParams, warp
@@ -120,7 +120,7 @@ def lookup_guess(drafter: Drafter | None, context: np.ndarray, source: str) -> i
     the same token; sampling, a point-mass draft is accepted with the target's probability of
     it, which is the chance that it is the token sampled (drafter-invariant sampling: exactly
     the token the race picks)."""
-    if drafter is None or source != LOOKUP:
+    if drafter is None or not is_lookup(source):
         return None
     tokens = drafter.propose(context, 1).tokens  # a lookup's proposal needs no commit
     return int(tokens[0]) if tokens.shape[0] else None

@@ -9,6 +9,8 @@ from specx.runtime.drafters.base import (
     DraftPlan,
     DraftRequest,
     Proposal,
+    is_lookup,
+    lookup_source,
 )
 from specx.runtime.drafters.hybrid import HybridDrafter
 from specx.runtime.drafters.model import ModelDrafter
@@ -42,4 +44,6 @@ __all__ = [
     "build_drafter",
     "default_drafter",
     "drafter_names",
+    "is_lookup",
+    "lookup_source",
 ]

@@ -3,8 +3,9 @@
 One narrow interface (like transformers' ``CandidateGenerator``, vLLM's proposers):
 
     start(prompt, request)         a new generation begins with these prompt tokens and settings
-    source(context)                where the next proposal will come from ("model", "lookup",
-                                   "none" when there is nothing to propose), asked before
+    source(context)                where the next proposal will come from ("model", "lookup3"
+                                   for a lookup after a 3-token match, "none" when there is
+                                   nothing to propose), asked before
                                    `propose` so that `-k auto` can choose K per source
     propose(context, k, plan)      up to k tokens that may follow `context` (every committed token);
                                    a drafter that knows its confidence asks `plan` after each
@@ -42,11 +43,23 @@ if TYPE_CHECKING:
 # Where a proposal comes from; -k auto keeps its estimates per source.
 MODEL = "model"  # a draft model: a pass per drafted token
 # a lookup in the text so far: free, and needs no commit (a step that drafts nothing may ask it
-# for one token to learn its acceptance: generate.lookup_guess)
+# for one token to learn its acceptance: generate.lookup_guess). A lookup's source is named by
+# how many of the context's last tokens matched (lookup_source): a continuation found after a
+# 3-token match is right far more often than one after a single token (docs/bench/measurements.md)
 LOOKUP = "lookup"
 NONE = "none"  # nothing to propose: the step is a plain decode step
 
 EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def lookup_source(matched: int) -> str:
+    """The source of a lookup whose continuation follows a match of `matched` tokens."""
+    return f"{LOOKUP}{matched}"
+
+
+def is_lookup(source: str) -> bool:
+    return source.startswith(LOOKUP)
+
 
 # (position in the proposal, the draft's top probability there) -> (take this token, draft more)
 DraftPlan = Callable[[int, float], tuple[bool, bool]]

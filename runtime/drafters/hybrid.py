@@ -10,7 +10,6 @@ import numpy as np
 
 from specx.runtime.backends.base import GraphSession
 from specx.runtime.drafters.base import (
-    LOOKUP,
     MODEL,
     Drafter,
     DraftPlan,
@@ -44,7 +43,7 @@ class HybridDrafter:
 
     def source(self, context: np.ndarray) -> str:
         matched = self.lookup.continuation(context).shape[0] >= self.min_match_tokens
-        return LOOKUP if matched else MODEL
+        return self.lookup.source(context) if matched else MODEL
 
     def propose(self, context: np.ndarray, k: int, plan: DraftPlan | None = None) -> Proposal:
         self._used_model = self.source(context) == MODEL

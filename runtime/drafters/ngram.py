@@ -1,6 +1,7 @@
 """Prompt lookup (Saxena 2023): propose what followed the latest earlier occurrence of the
 context's last n tokens, for n from max_ngram down to min_ngram. No model; the only state is the
-current step's search result.
+current step's search result. Its source names n (lookup_source): -k auto keeps an estimate per
+match length, since a continuation after a 3-token match is right far more often than after one.
 
 The search is one vectorized comparison over the context (where the last token occurred before),
 then max_ngram - 1 comparisons over those places only, so it costs microseconds even for
@@ -11,7 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from specx.runtime.drafters.base import EMPTY, LOOKUP, NONE, DraftPlan, DraftRequest, Proposal
+from specx.runtime.drafters.base import (
+    EMPTY,
+    NONE,
+    DraftPlan,
+    DraftRequest,
+    Proposal,
+    lookup_source,
+)
 
 LOOKAHEAD = 64  # the most tokens a continuation is read ahead (K never exceeds 16)
 
@@ -26,10 +34,11 @@ class NgramDrafter:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.eos = np.asarray(eos_token_ids, dtype=np.int64)
-        self._found: tuple[int, np.ndarray] = (-1, EMPTY)  # (context length, continuation)
+        # (context length, continuation, tokens matched)
+        self._found: tuple[int, np.ndarray, int] = (-1, EMPTY, 0)
 
     def start(self, prompt: np.ndarray, request: DraftRequest) -> None:
-        self._found = (-1, EMPTY)  # nothing looked up yet
+        self._found = (-1, EMPTY, 0)  # nothing looked up yet
 
     def continuation(self, context: np.ndarray) -> np.ndarray:
         """What followed the best earlier match of the context's suffix (up to LOOKAHEAD tokens,
@@ -37,22 +46,23 @@ class NgramDrafter:
         once however often it asks."""
         length = int(context.shape[0])
         if self._found[0] != length:
-            self._found = (length, self._search(context, length))
+            self._found = (length, *self._search(context, length))
         return self._found[1]
 
     def forget(self) -> None:
         """The step is over: the next context is a new one."""
-        self._found = (-1, EMPTY)
+        self._found = (-1, EMPTY, 0)
 
-    def _search(self, context: np.ndarray, length: int) -> np.ndarray:
+    def _search(self, context: np.ndarray, length: int) -> tuple[np.ndarray, int]:
+        """(the continuation, how many tokens matched); (EMPTY, 0): no match."""
         if length < 2:
-            return EMPTY
+            return EMPTY, 0
         # every earlier position holding the last token ends a match of length >= 1 (positions
         # up to length - 2, so that every match is followed by at least one token)
         ends = np.flatnonzero(context[: length - 1] == context[length - 1])  # [m]
         longest = min(self.max_ngram, length - 1)
         if ends.size == 0 or longest < self.min_ngram:
-            return EMPTY
+            return EMPTY, 0
         matched = np.ones(ends.size, dtype=np.int64)  # [m] suffix tokens each match shares
         going = np.ones(ends.size, dtype=bool)
         for back in range(1, longest):
@@ -70,11 +80,12 @@ class NgramDrafter:
                 stops = np.flatnonzero((tokens[:, None] == self.eos).any(axis=1))
                 if stops.size:
                     tokens = tokens[: int(stops[0]) + 1]
-            return tokens.astype(np.int64, copy=True)
-        return EMPTY
+            return tokens.astype(np.int64, copy=True), n
+        return EMPTY, 0
 
     def source(self, context: np.ndarray) -> str:
-        return LOOKUP if self.continuation(context).size else NONE
+        found = self.continuation(context)
+        return lookup_source(self._found[2]) if found.size else NONE
 
     def propose(self, context: np.ndarray, k: int, plan: DraftPlan | None = None) -> Proposal:
         """`plan` is not asked: a lookup has no confidence, and its tokens cost nothing."""
