@@ -90,6 +90,34 @@ def test_ngram_lookup_matches_its_definition_on_random_contexts(
     assert 100 < found < 400  # both outcomes were exercised
 
 
+def test_ngram_lookup_on_a_growing_context_matches_its_definition_at_every_step() -> None:
+    """The index is kept up to date a step at a time: a generation's context grows by a few
+    tokens a step; another context (a new generation, a shorter one) is indexed anew."""
+    rng = np.random.default_rng(7)
+    drafter = NgramDrafter(max_ngram=3, eos_token_ids=(0,))
+    for _ in range(30):
+        text = rng.integers(0, int(rng.integers(2, 8)), size=120).astype(np.int64)
+        length = int(rng.integers(1, 10))
+        while length <= text.size:
+            context = text[:length]
+            want = lookup_by_definition(context, 3, 1, 64)
+            if 0 in want:  # the definition's continuation, cut after the EOS token
+                want = want[: want.index(0) + 1]
+            source = drafter.source(context)
+            assert drafter.propose(context, 64).tokens.tolist() == want, context
+            matched = max(
+                (n for n in (1, 2, 3) if lookup_by_definition(context, n, n, 1)), default=0
+            )
+            assert source == (lookup_source(matched) if want else "none")
+            length += int(rng.integers(1, 6))
+        if rng.random() < 0.5:  # now and then a shorter context, without a new start
+            context = text[: int(rng.integers(1, 40))]
+            want = lookup_by_definition(context, 3, 1, 64)
+            if 0 in want:
+                want = want[: want.index(0) + 1]
+            assert drafter.propose(context, 64).tokens.tolist() == want
+
+
 def test_ngram_lookup_handles_long_contexts_quickly() -> None:
     rng = np.random.default_rng(0)
     context = rng.integers(0, 50, size=4000).astype(np.int64)
