@@ -45,7 +45,8 @@ MODEL = "model"  # a draft model: a pass per drafted token
 # a lookup in the text so far: free, and needs no commit (a step that drafts nothing may ask it
 # for one token to learn its acceptance: generate.lookup_guess). A lookup's source is named by
 # how many of the context's last tokens matched (lookup_source): a continuation found after a
-# 3-token match is right far more often than one after a single token (docs/bench/measurements.md)
+# 3-token match is right several times as often as one after a single token
+# (docs/bench/measurements.md)
 LOOKUP = "lookup"
 NONE = "none"  # nothing to propose: the step is a plain decode step
 
