@@ -35,13 +35,13 @@ anyone builds it:
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 from head_acceptance import measure  # scripts/ (this script's folder) is on sys.path
+
+from specx.apps.bench.timing import median_ms
 
 NODES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 63)  # a pass takes at most 64 tokens
 
@@ -93,16 +93,6 @@ def bound_accepted(ranks: np.ndarray, nodes: int, depth: int) -> float:
     return float(reach[:, :depth].sum() / max(1, ranks.shape[0]))
 
 
-def pass_ms(run, repeats: int) -> float:  # type: ignore[no-untyped-def]
-    run()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times)
-
-
 def pass_costs(
     artifact: str, past: int, repeats: int, depth: int
 ) -> tuple[dict[int, float], dict[int, float]]:
@@ -129,8 +119,8 @@ def pass_costs(
         head.forward_head(rng.integers(0, 1000, width), None, hidden, h_cache)
 
     widths = sorted({*range(1, depth + 2), *(n + 1 for n in NODES)})
-    target_ms = {w: pass_ms(lambda w=w: on_target(w), repeats) for w in widths}
-    head_ms = {w: pass_ms(lambda w=w: on_head(w), repeats) for w in range(1, 65)}
+    target_ms = {w: median_ms(lambda w=w: on_target(w), repeats) for w in widths}
+    head_ms = {w: median_ms(lambda w=w: on_head(w), repeats) for w in range(1, 65)}
     return target_ms, head_ms
 
 
