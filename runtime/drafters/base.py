@@ -59,6 +59,7 @@ def lookup_source(matched: int) -> str:
 
 
 def is_lookup(source: str) -> bool:
+    """Whether proposals from `source` are lookups (free, and need no commit)."""
     return source.startswith(LOOKUP)
 
 

@@ -1,7 +1,8 @@
 """Prompt lookup (Saxena 2023): propose what followed the latest earlier occurrence of the
-context's last n tokens, for n from max_ngram down to min_ngram. No model; the only state is the
-current step's search result. Its source names n (lookup_source): -k auto keeps an estimate per
-match length, since a continuation after a 3-token match is right far more often than after one.
+context's last n tokens, for n from max_ngram down to min_ngram. No model; the state is an index
+of the text so far and the current step's search result. Its source names n (lookup_source):
+-k auto keeps an estimate per match length, since a continuation after a 3-token match is right
+far more often than after one.
 
 The search reads an index: every n-gram of the text so far (n <= max_ngram) under the latest
 position it ended at, kept up to date one step's new tokens at a time, so a step's lookup costs
