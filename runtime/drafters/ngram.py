@@ -6,9 +6,10 @@ far more often than after one.
 
 The search reads an index: every n-gram of the text so far (n <= max_ngram) under the latest
 position it ended at, kept up to date one step's new tokens at a time, so a step's lookup costs
-max_ngram dictionary reads, plus a check that the context extends the one indexed (a step's
-source and proposal took 16-21 us here over 100-2000 tokens of context, against 23-35 us for a
-vectorized scan of the whole context each step). Proposals stop after an EOS token.
+max_ngram dictionary reads, plus a check that the context extends the one indexed (in a
+diagnostic a step's source and proposal took 16-21 us here over 100-2000 tokens of context,
+against 23-35 us for a vectorized scan of the whole context each step). Proposals stop after an
+EOS token.
 """
 
 from __future__ import annotations
@@ -41,12 +42,12 @@ class NgramDrafter:
         self._found: tuple[int, np.ndarray, int] = (-1, EMPTY, 0)
         self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> where it last ended
         self._indexed = 0  # positions 0 .. _indexed - 1 are in _latest
-        self._tokens = EMPTY  # [_indexed] the tokens indexed
+        self._tokens = np.empty(0, dtype=np.int64)  # [>= _indexed] the tokens indexed first
 
     def start(self, prompt: np.ndarray, request: DraftRequest) -> None:
         self._found = (-1, EMPTY, 0)  # nothing looked up yet
         self._latest.clear()
-        self._indexed, self._tokens = 0, EMPTY
+        self._indexed = 0  # (the buffer stays: its first _indexed tokens are what count)
 
     def continuation(self, context: np.ndarray) -> np.ndarray:
         """What followed the best earlier match of the context's suffix (up to LOOKAHEAD tokens,
@@ -87,7 +88,7 @@ class NgramDrafter:
         end. The context grows from step to step, so only the new positions are added; a
         context that does not extend the one indexed (another generation) is indexed anew."""
         done = self._indexed
-        if done > end or not np.array_equal(context[:done], self._tokens):
+        if done > end or not np.array_equal(context[:done], self._tokens[:done]):
             self._latest.clear()
             done = 0
         if done == end:
@@ -99,8 +100,12 @@ class NgramDrafter:
             i = position - first
             for n in range(1, min(self.max_ngram, position + 1) + 1):
                 latest[tuple(values[i - n + 1 : i + 1])] = position
+        if end > self._tokens.shape[0]:  # room for the new tokens, doubled: no copy per step
+            grown = np.empty(max(2 * end, 256), dtype=np.int64)
+            grown[:done] = self._tokens[:done]
+            self._tokens = grown
+        self._tokens[done:end] = context[done:end]
         self._indexed = end
-        self._tokens = context[:end].copy()
 
     def source(self, context: np.ndarray) -> str:
         found = self.continuation(context)
