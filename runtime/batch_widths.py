@@ -82,9 +82,16 @@ class WidthPlanner:
         # share of those rows that did]
         self.model_drafting: dict[int, list[float]] = {}
         self.weights: dict[int, float] = {}  # row -> its row_weight in the last plan
+        # a cell not measured -> the measured cell it is scaled from; found once for each set of
+        # measured cells (a plan asks dozens of cells a step, and the search for the nearest
+        # over every measured cell cost more than the plan's search itself)
+        self._nearest_pass: dict[tuple[int, int], tuple[int, int]] = {}
+        self._nearest_draft: dict[tuple[int, int], tuple[int, int]] = {}
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         old = self.cost_s.get((rows, width))
+        if old is None:
+            self._nearest_pass.clear()  # a new cell: the nearest to each other may change
         self.cost_s[(rows, width)] = (
             seconds if old is None else self.decay * old + (1 - self.decay) * seconds
         )
@@ -102,17 +109,20 @@ class WidthPlanner:
         # token per row (or one row) on the target's gqa graph and several tokens over several
         # rows on the batched graph, whose passes cost more from the first extra token on
         # (8 rows, 2 wide: 1.35x one wide where 1.25x was expected from one-token passes)
-        kind = on_batched_graph(rows, width)
-        same = [c for c in self.cost_s.items() if on_batched_graph(*c[0]) == kind]
-        (r, w), t = min(
-            same or self.cost_s.items(),
-            key=lambda c: (abs(c[0][0] - rows), abs(c[0][1] - width)),
-        )
-        return t * prior(rows, width) / prior(r, w)
+        near = self._nearest_pass.get((rows, width))
+        if near is None:
+            kind = on_batched_graph(rows, width)
+            same = [c for c in self.cost_s if on_batched_graph(*c) == kind]
+            near = self._nearest_pass[(rows, width)] = min(
+                same or self.cost_s, key=lambda c: (abs(c[0] - rows), abs(c[1] - width))
+            )
+        return self.cost_s[near] * prior(rows, width) / prior(*near)
 
     def observe_draft(self, rows: int, k: int, seconds: float) -> None:
         """A shared drafting run: `rows` rows drafted up to `k` tokens in lockstep."""
         old = self.draft_cost_s.get((rows, k))
+        if old is None:
+            self._nearest_draft.clear()
         self.draft_cost_s[(rows, k)] = (
             seconds if old is None else self.decay * old + (1 - self.decay) * seconds
         )
@@ -126,9 +136,12 @@ class WidthPlanner:
         if (rows, k) in self.draft_cost_s:
             return self.draft_cost_s[(rows, k)]
         if self.draft_cost_s:
-            (r, kk), t = min(
-                self.draft_cost_s.items(), key=lambda c: (abs(c[0][0] - rows), abs(c[0][1] - k))
-            )
+            near = self._nearest_draft.get((rows, k))
+            if near is None:
+                near = self._nearest_draft[(rows, k)] = min(
+                    self.draft_cost_s, key=lambda c: (abs(c[0] - rows), abs(c[1] - k))
+                )
+            (r, kk), t = near, self.draft_cost_s[near]
             # more rows: each pass grows as a target pass over as many rows does
             scale = 1.0
             if r != rows and (wide := self.pass_s(rows, 1)) and (narrow := self.pass_s(r, 1)):
@@ -229,30 +242,14 @@ class WidthPlanner:
         for every row (and no request waits for a row), the most tokens any row of the batch
         still has to make; then only the drafts of the rows that have that many left count
         (`row_weight`)."""
+        if not self.plans(active, joining):
+            return None
         adaptive = [s for s in active if isinstance(s.policy, AdaptiveK) and s.source != NONE]
         for s in active:
             if isinstance(s.policy, AdaptiveK) and s.source == NONE:
                 s.k = 0  # nothing to draft from
         one_token_s = self.pass_s(1, 1)
-        if not adaptive or one_token_s is None:
-            return None
-        alone = active[0]
-        if (
-            len(active) == 1
-            and not joining
-            and not (alone.shared_pass and self.catchup_tokens(alone))
-        ):
-            # a row alone in the pass (a batch of one, or the last of a batch): its policy's
-            # own K stands, chosen as alone (with its probes and the draft's confidence) from
-            # the costs of the one-row passes it has seen. Not while others read their prompts
-            # (it is not alone for long), nor where it shared passes and its draft row lacks
-            # more than a step feeds: the last row of a batch that did not draft would read its
-            # whole context into the draft model (about 100 tokens, 0.15-0.3 s on SmolLM2's
-            # int8 draft at 64 new tokens) for its last few tokens, which that read must pay
-            # for. A row that never shared a pass decodes as alone, catch-ups and all (it was
-            # planned whenever its hybrid's lookups had left its draft row behind: 67 of 311
-            # steps in a diagnostic, batching.md)
-            return None
+        assert one_token_s is not None  # (plans)
         fixed = [s for s in active if not isinstance(s.policy, AdaptiveK)]
         fixed_width = 1 + max((s.k for s in fixed), default=0)
         fixed_shared = [s for s in fixed if s.shares_draft and s.k > 0]
@@ -298,6 +295,29 @@ class WidthPlanner:
             regime, [k for s, k in zip(adaptive, best_ks, strict=True) if s.shares_draft]
         )
         return (rows, *plans.outcome(best_ks))
+
+    def plans(self, active: list[BatchSequence], joining: int = 0) -> bool:
+        """Whether `plan` sets the K of this step's -k auto rows (the rows' sources are known):
+        then their policies need not choose one (AdaptiveK.decide with choose=False). Not
+        before a pass was measured (there is no batch to weigh yet), nor without a -k auto row
+        that has something to draft; nor for a row alone in the pass (a batch of one, or the
+        last of a batch): its policy's own K stands, chosen as alone (with its probes and the
+        draft's confidence) from the costs of the one-row passes it has seen. A row alone is
+        still planned while others read their prompts (it is not alone for long), and where it
+        shared passes and its draft row lacks more than a step feeds: the last row of a batch
+        that did not draft would read its whole context into the draft model (about 100
+        tokens, 0.15-0.3 s on SmolLM2's int8 draft at 64 new tokens) for its last few tokens,
+        which that read must pay for. A row that never shared a pass decodes as alone,
+        catch-ups and all (it was planned whenever its hybrid's lookups had left its draft row
+        behind: 67 of 311 steps in a diagnostic, batching.md)."""
+        if self.pass_s(1, 1) is None:
+            return False
+        if not any(isinstance(s.policy, AdaptiveK) and s.source != NONE for s in active):
+            return False
+        alone = active[0]
+        return (
+            len(active) > 1 or joining > 0 or bool(alone.shared_pass and self.catchup_tokens(alone))
+        )
 
     @staticmethod
     def row_weight(s: BatchSequence, last_to_finish: int | None) -> float:
@@ -387,9 +407,10 @@ class Plans:
         drafting is weighed from the current plan's sums (O(1) a row, not a pass over all
         rows: a step at 8 rows weighs about a hundred such plans)."""
         best_ks, best_rate = [0] * len(self.expected), -1.0
-        bound = self._bounds(widest)
+        # (one row's plans cost less to weigh than to bound)
+        bound = self._bounds(widest) if len(self.expected) > 1 else None
         for w in range(1, widest + 1):
-            if w > 1 and bound(w) <= best_rate:
+            if w > 1 and bound is not None and bound(w) <= best_rate:
                 continue  # no plan drafting up to w - 1 can beat the best so far
             ks = [min(limit, w - 1) for limit in self.limits]
             current = self.rate(ks)
@@ -408,40 +429,52 @@ class Plans:
         return best_ks
 
     def _bounds(self, widest: int) -> Callable[[int], float]:
-        """An upper bound on the rate of every plan in which some row drafts and none more than
-        w - 1 tokens (the search at w weighs only such plans, and the plan in which none drafts,
-        weighed at w = 1): all their tokens (each row's largest expected at most w - 1) over the
-        cheapest pass from the narrowest drafting width up to w, plus, for plans in which a row
-        drafts in the shared passes, the cheapest shared drafting there could be; drafting of a
-        row's own costs at least nothing. Where drafting does not pay (a full batch), the search
-        skips every width but the first (at 8 rows it weighed about a hundred plans a step)."""
+        """An upper bound on the rate of every plan the search weighs at width w in which some
+        row drafts (row i drafts min(limit_i, w - 1) tokens or none; the plan in which none
+        drafts is weighed at w = 1). Such a plan's pass has a width c from the least a drafting
+        plan needs up to max(w, fixed_width), and a row drafting in a pass of width c drafts at
+        most c - 1 tokens (its expected tokens grow with K), so the plan's tokens are at most
+        `base` plus each row's gain at min(limit, c - 1), over the pass at c plus, where m rows
+        draft in the shared passes (the m largest gains at most), the cheapest shared drafting
+        of m rows (and the fixed rows sharing) at any K up to c - 1; drafting of a row's own
+        costs at least nothing. The bound at w is the largest over those c, computed once for
+        every w. Where drafting does not pay (a full batch), the search skips every width but
+        the first. (A bound that paired every row's largest gain with the cheapest pass and
+        the cheapest shared drafting of one row skipped few: at 4 rows of SmolLM2's chat
+        prompts the search weighed 5-8 of 9 widths in most steps.)"""
         base = self.base_tokens + sum(e[0] for e in self.expected)
-        shared_rows = self.fixed_shared_rows + sum(self.shares)
-        cheapest_shared = min(
-            (
-                self.shared_draft_s(r, k)
-                for r in range(1, shared_rows + 1)
-                for k in range(1, max(widest - 1, self.fixed_shared_k) + 1)
-            ),
-            default=0.0,
-        )
-        low = max(2, self.fixed_width)
+        fixed_rows, least_k = self.fixed_shared_rows, max(1, self.fixed_shared_k)
+        n_shared = sum(self.shares)
+        low, top = max(2, self.fixed_width), max(widest, self.fixed_width)
+        # shared_cost[m]: the cheapest shared drafting of m -k auto rows (and the fixed ones)
+        # at any K from least_k up to the width's c - 1
+        shared_cost = [0.0] + [float("inf")] * n_shared
+        next_k = least_k
+        by_width = [0.0] * (top + 1)  # the bound at each w
+        best = 0.0
+        for c in range(low, top + 1):
+            for k in range(next_k, c):
+                for m in range(1, n_shared + 1):
+                    shared_cost[m] = min(shared_cost[m], self.shared_draft_s(fixed_rows + m, k))
+            next_k = max(next_k, c)
+            own, shared = base, []
+            for e, limit, shares in zip(self.expected, self.limits, self.shares, strict=True):
+                k = min(limit, c - 1)
+                gain = max(0.0, e[k] - e[0])
+                if shares and k:
+                    shared.append(gain)
+                else:
+                    own += gain
+            seconds = self.pass_by_width[c]
+            best = max(best, own / seconds)
+            tokens = own
+            for m, gain in enumerate(sorted(shared, reverse=True), start=1):
+                tokens += gain
+                best = max(best, tokens / (seconds + shared_cost[m]))
+            by_width[c] = best * self.share[True]
 
         def bound(w: int) -> float:
-            own_gain = shared_gain = 0.0
-            for e, limit, shares in zip(self.expected, self.limits, self.shares, strict=True):
-                gain = max(0.0, e[min(limit, w - 1)] - e[0])
-                if shares:
-                    shared_gain += gain
-                else:
-                    own_gain += gain
-            cheapest_pass = min(self.pass_by_width[low : max(w, self.fixed_width) + 1])
-            rate = (base + own_gain) / cheapest_pass  # no row drafting in the shared passes
-            if shared_gain > 0.0:
-                rate = max(
-                    rate, (base + own_gain + shared_gain) / (cheapest_pass + cheapest_shared)
-                )
-            return rate * self.share[True]
+            return by_width[max(w, self.fixed_width)]
 
         return bound
 

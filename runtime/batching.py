@@ -334,8 +334,15 @@ class BatchDecoder:
             for s in active:
                 s.shared_pass = True
         for s in active:
-            self._decide(s, room=self.capacity - longest - 1)
+            s.source = s.drafter.source(s.committed) if s.drafter is not None else NONE
+            s.shares_draft = (
+                s.shared_drafter is not None
+                and s.shared_drafter.draft_session(s.source) is not None
+            )
         reading = sum(1 for s in self._rows if s is not None and s.prefilled >= 0)
+        planned = self.widths.plans(active, reading)  # -k auto's K set for the batch below
+        for s in active:
+            self._decide(s, room=self.capacity - longest - 1, planned=planned)
         last_to_finish = None
         if self.finish_together:  # the caller waits for the last row: the rows most behind
             last_to_finish = max(s.tokens_left for s in self._rows if s is not None)
@@ -378,13 +385,15 @@ class BatchDecoder:
             self.step()
 
     # -- one sequence's part of a step -------------------------------------------------------
-    def _decide(self, s: BatchSequence, room: int) -> None:
-        s.source = s.drafter.source(s.committed) if s.drafter is not None else NONE
-        s.shares_draft = (
-            s.shared_drafter is not None and s.shared_drafter.draft_session(s.source) is not None
-        )
-        s.decision = s.policy.decide(s.source)
-        most = s.policy.max_k if isinstance(s.policy, AdaptiveK) else s.decision.k
+    def _decide(self, s: BatchSequence, room: int, planned: bool) -> None:
+        """The row's K and drafting plan (its source is known); `planned`: the batch planner
+        sets a -k auto row's K, its policy only makes the plan."""
+        if isinstance(s.policy, AdaptiveK):
+            s.decision = s.policy.decide(s.source, choose=not planned)
+            most = s.policy.max_k
+        else:
+            s.decision = s.policy.decide(s.source)
+            most = s.decision.k
         s.k_limit = max(0, min(room, s.tokens_left - 1, most))
         s.k = max(0, min(s.decision.k, s.k_limit))
 
