@@ -350,7 +350,9 @@ class WidthPlanner:
         assert isinstance(policy, AdaptiveK)
         limit = min(s.k_limit, widest - 1)
         expected = policy.expected_tokens(s.source)[: limit + 1] if limit else [1.0]
-        if s.shares_draft:
+        if s.shares_draft and not self.catchup_tokens(s):
+            own = [0.0] * (limit + 1)  # caught up: its drafting is all in the shared passes
+        elif s.shares_draft:
             own = [0.0] + [
                 self.catchup_s(s, one_token_s, expected[k], rows) for k in range(1, limit + 1)
             ]

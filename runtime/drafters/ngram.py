@@ -88,7 +88,7 @@ class NgramDrafter:
         end. The context grows from step to step, so only the new positions are added; a
         context that does not extend the one indexed (another generation) is indexed anew."""
         done = self._indexed
-        if done > end or not np.array_equal(context[:done], self._tokens[:done]):
+        if done > end or not (context[:done] == self._tokens[:done]).all():
             self._latest.clear()
             done = 0
         if done == end:
