@@ -1,0 +1,89 @@
+"""Which target passes -k auto's batches run, next to speculation off's, at one concurrency.
+
+    .venv/bin/python scripts/pass_mix.py ARTIFACT [--concurrency 4] [--repeats 4]
+        [--drafter ngram+int8]
+
+Runs the chat workload's five prompts as `specx bench --concurrency` does (batches of
+`--concurrency` requests until every prompt ran, 64 new tokens), speculation off and -k auto in
+turn (their order alternating per repeat; a first repeat warms up and is not counted), and prints
+per mode the aggregate tokens/s and every decoding pass it ran, by rows and width: how many, their
+seconds, and milliseconds each (`WidthPlanner.observe`, which the decoder calls after each pass
+but prefill's). Tells whether -k auto loses in passes of the same kind (the same rows and width
+costing more) or in the wider passes it chose, and how much of its wall time lies outside the
+decoding passes (prompt reads included). Nothing else may run meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter, defaultdict
+
+from specx.apps.bench.concurrency import together_batches
+from specx.apps.bench.runner import load_workloads
+from specx.runtime import Pipeline
+from specx.runtime.backends.ort_session import use_global_thread_pool
+from specx.runtime.batch_widths import WidthPlanner
+from specx.runtime.settings import GenerationSettings
+
+# mode -> (rows, width) -> [passes, seconds]
+passes: defaultdict[str, defaultdict[tuple[int, int], list[float]]] = defaultdict(
+    lambda: defaultdict(lambda: [0.0, 0.0])
+)
+current = ["warm-up"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("artifact")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--drafter", default="ngram+int8")
+    args = parser.parse_args()
+
+    observe = WidthPlanner.observe
+
+    def counted(self: WidthPlanner, rows: int, width: int, seconds: float) -> None:
+        cell = passes[current[0]][(rows, width)]
+        cell[0] += 1
+        cell[1] += seconds
+        observe(self, rows, width, seconds)
+
+    WidthPlanner.observe = counted  # type: ignore[method-assign]
+    use_global_thread_pool()
+    pipe = Pipeline.load(args.artifact)
+    prompts = load_workloads()["chat"]["prompts"][:5]
+    ids = [pipe.encode_prompt(p, True, None) for p in prompts]
+    modes = {
+        "off": GenerationSettings(max_new_tokens=64, k=0, drafter="none"),
+        "auto": GenerationSettings(max_new_tokens=64, k="auto", drafter=args.drafter),
+    }
+    wall: Counter[str] = Counter()
+    tokens: Counter[str] = Counter()
+    c = args.concurrency
+    for repeat in range(args.repeats + 1):
+        order = list(modes) if repeat % 2 else list(reversed(modes))
+        for name in order:
+            current[0] = name if repeat else "warm-up"
+            for batch in together_batches(len(ids), c, repeat):
+                t0 = time.perf_counter()
+                results = pipe.generate_batch([ids[i] for i in batch], modes[name], max_batch=c)
+                if repeat:
+                    wall[name] += time.perf_counter() - t0
+                    tokens[name] += sum(r.stats.new_tokens for r in results)
+    print(f"{c} requests, {args.repeats} repeats (after one to warm up), chat, 64 new tokens")
+    for name in modes:
+        total = sum(s for _, s in passes[name].values())
+        print(
+            f"{name}: {tokens[name] / wall[name]:.1f} tok/s, wall {wall[name]:.2f} s, "
+            f"decoding passes {total:.2f} s, the rest {wall[name] - total:.2f} s"
+        )
+        for (rows, width), (n, s) in sorted(passes[name].items()):
+            print(
+                f"  {rows} rows x {width} wide: {int(n):5d} passes {s:7.3f} s {s / n * 1e3:7.2f} ms"
+            )
+    print(f"-k auto / off: {tokens['auto'] / wall['auto'] / (tokens['off'] / wall['off']):.3f}")
+
+
+if __name__ == "__main__":
+    main()
