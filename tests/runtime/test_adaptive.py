@@ -135,6 +135,28 @@ def test_a_lookup_the_policy_does_not_draft_still_teaches_its_first_position() -
     assert policy.decide(LOOKUP).k == 2  # the probe after a run of K = 0 steps
 
 
+def test_a_decision_whose_k_a_batch_planner_sets_allows_max_k_and_leaves_the_probes_alone() -> None:
+    """In a planned batch step the planner sets K: the policy's decision allows up to max_k
+    (0 with nothing to draft) and carries the drafting plan, without the policy's own choice,
+    so a run of K = 0 steps still ends in the probe the policy would have made."""
+    policy = AdaptiveK(max_k=4, start_k=2, probe_every=4)
+    for _ in range(50):  # a drafter that never agrees: K falls to 0
+        k = policy.decide().k
+        if k == 0:
+            break
+        policy.observe(step(k, 0))
+    assert k == 0
+    for _ in range(6):
+        policy.observe(step(0, 0))  # a run of K = 0 steps: alone, the next step would probe
+    est = policy.sources[MODEL]
+    planned = policy.decide(MODEL, choose=False)
+    assert planned.k == 4 and planned.plan is not None
+    assert policy.decide(NONE, choose=False).k == 0
+    assert not est.probing and est.zero_streak == 6  # the planned steps made no probe
+    policy.observe(step(0, 0))  # the planner kept the row plain
+    assert policy.decide().k == 2  # the probe, as alone
+
+
 def test_adaptive_k_charges_each_verify_width_what_it_was_measured_to_cost() -> None:
     """Pass time is not linear in the width (3 to 5 tokens cost the same here, 7 a third more):
     a line would overcharge K = 4 and undercharge K = 6."""

@@ -4,6 +4,7 @@ measured pass and drafting costs; drafting that rows share is counted once."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from specx.runtime.adaptive import AdaptiveK
 from specx.runtime.batch_widths import Plans, WidthPlanner
@@ -105,10 +106,12 @@ def test_a_row_alone_in_its_pass_keeps_its_policys_own_k_as_alone() -> None:
     widths.observe(2, 1, 0.042)
     alone = row(0, KnownPolicy(0.3, 0.020))
     alone.k = 3  # what its policy decided
+    assert not widths.plans([alone])  # (the decoder asks first: its policy then chooses K)
     assert widths.plan([alone], 1) is None
     assert alone.k == 3
     other = row(1, KnownPolicy(0.3, 0.020))
     other.k = 3
+    assert widths.plans([alone, other]) and widths.plans([alone], joining=1)
     assert widths.plan([alone, other], 2) is not None
     assert (alone.k, other.k) == (0, 0)  # every position a full pass: drafting does not pay
 
@@ -338,6 +341,46 @@ def test_the_bound_the_plan_search_skips_widths_by_holds_for_every_plan_it_skips
                     assert plans.rate(ks) <= bound(w) * (1 + 1e-12)
             skipped += bound(w) <= plain
     assert skipped > 20  # the bound is tight enough to skip widths
+
+
+def test_at_four_rows_whose_drafting_does_not_pay_the_search_weighs_only_the_plain_plan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Four rows drafting with a shared draft model (acceptance 0.6 a token, up to 8), a 4-row
+    pass 40% dearer per extra token, shared drafting half a pass a token: every plan that
+    drafts loses, and the bound shows it for every width, so the search weighs the plain plan
+    only. (A bound that paired each row's gain at K = 8 with the cheapest pass and one row's
+    shared drafting let every width through: 4 x 1.47 tokens more over a pass 1.4 dear plus
+    0.55 of a pass of drafting beats 4 tokens a pass.)"""
+    widest = 9
+    gains = [sum(0.6**j for j in range(k + 1)) for k in range(widest)]
+    plans = Plans(
+        expected=[gains] * 4,
+        own_s=[[0.0] * widest] * 4,
+        shares=[True] * 4,
+        limits=[widest - 1] * 4,
+        base_tokens=0.0,
+        fixed_width=1,
+        fixed_shared_rows=0,
+        fixed_shared_k=0,
+        pass_by_width=[0.0] + [1.0 + 0.4 * (w - 1) for w in range(1, widest + 1)],
+        shared_draft_s=lambda r, k: 0.5 * k * (1.0 + 0.1 * r),
+        share={False: 1.0, True: 1.0},
+    )
+    plain = plans.rate([0] * 4)
+    assert plain == 4.0
+    bound = plans._bounds(widest)
+    assert all(bound(w) <= plain for w in range(2, widest + 1))
+    weighed: list[list[int]] = []
+    rate = Plans.rate
+
+    def counted(self: Plans, ks: list[int]) -> float:
+        weighed.append(list(ks))
+        return rate(self, ks)
+
+    monkeypatch.setattr(Plans, "rate", counted)
+    assert plans.search(widest) == [0, 0, 0, 0]
+    assert weighed == [[0, 0, 0, 0]]
 
 
 def test_where_the_caller_waits_for_the_whole_batch_only_the_rows_most_behind_draft() -> None:
