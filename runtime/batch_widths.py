@@ -172,13 +172,20 @@ class WidthPlanner:
         step falls behind again, and the step that drafts pays the whole catch-up (the read
         of a row's context for one drafting step at the end of a 2-request batch took up to 0.29
         s on SmolLM2's int8 draft: scripts/catchup_trace.py)."""
+        return self.catchups_s(s, one_token_s, [tokens_per_step], rows)[0]
+
+    def catchups_s(
+        self, s: BatchSequence, one_token_s: float, tokens_per_step: list[float], rows: int
+    ) -> list[float]:
+        """`catchup_s` at each of several tokens per step (a row's expected tokens at each K),
+        what they share looked up once."""
         extra = self.catchup_tokens(s)
         if extra <= 0:
-            return 0.0
+            return [0.0] * len(tokens_per_step)
         per_token = self.catchup_token_s
         whole = extra * (self.CATCHUP_PRIOR * one_token_s if per_token is None else per_token)
-        steps_left = s.tokens_left / max(1.0, tokens_per_step)
-        return whole / max(1.0, min(steps_left, self.drafting_run(rows)))
+        run, left = self.drafting_run(rows), s.tokens_left
+        return [whole / max(1.0, min(left / max(1.0, t), run)) for t in tokens_per_step]
 
     @staticmethod
     def catchup_tokens(s: BatchSequence) -> int:
@@ -350,12 +357,8 @@ class WidthPlanner:
         assert isinstance(policy, AdaptiveK)
         limit = min(s.k_limit, widest - 1)
         expected = policy.expected_tokens(s.source)[: limit + 1] if limit else [1.0]
-        if s.shares_draft and not self.catchup_tokens(s):
-            own = [0.0] * (limit + 1)  # caught up: its drafting is all in the shared passes
-        elif s.shares_draft:
-            own = [0.0] + [
-                self.catchup_s(s, one_token_s, expected[k], rows) for k in range(1, limit + 1)
-            ]
+        if s.shares_draft:
+            own = [0.0, *self.catchups_s(s, one_token_s, expected[1 : limit + 1], rows)]
         else:
             measured = [policy.draft_cost_s(k, s.source) for k in range(limit + 1)]
             guess = self.DRAFT_PRIOR * one_token_s if s.source == MODEL else 0.0
