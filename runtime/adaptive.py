@@ -217,8 +217,7 @@ class AdaptiveK:
         """K for a step whose proposal comes from `source`, with the drafting plan for it.
         choose=False: a batch's planner sets K (batch_widths.WidthPlanner.plan); the decision
         then allows up to max_k and carries the plan, and the policy's own choice (with its
-        probes and exploration, which a planned step would not follow) is not made (16 us a
-        row in 4-row steps here, a sixth of their deciding with the drafter's lookup)."""
+        probes and exploration, which a planned step would not follow) is not made."""
         k = self.choose_k(source) if choose else (0 if source == NONE else self.max_k)
         self.history.append(k)
         return StepDecision(k, self.plan(source) if k > 0 else None)
