@@ -4,11 +4,10 @@ batch as a whole from the measured costs of batched verify passes and of draftin
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from specx.runtime.adaptive import AdaptiveK
+from specx.runtime.batch_plans import Plans
 from specx.runtime.drafters.base import MODEL, NONE
 
 if TYPE_CHECKING:
@@ -24,6 +23,8 @@ def on_batched_graph(rows: int, width: int) -> bool:
 
 # what a plan expects of its step: (rows, whether any row drafts, tokens, seconds)
 Expected = tuple[int, bool, float, float]
+# a batch as a plain run knows it: (decoding rows, rows its pass spans, rows reading prompts)
+Batch = tuple[int, int, int]
 
 
 class WidthPlanner:
@@ -45,7 +46,9 @@ class WidthPlanner:
     The expected rates of plain steps and of steps that draft are each scaled by what such steps
     gave against what was expected (`realized_share`). A row's tokens count as `row_weight`
     says: all of them where each request waits for its own; where the caller waits for the
-    whole batch, a row's drafts only while no row has more tokens left to make.
+    whole batch, a row's drafts only while no row has more tokens left to make. Plans that
+    draft nothing earn runs of steps that are not planned (PLAIN_MOST), as long as the batch
+    and the sources its rows draft from stay ones those plans weighed.
     """
 
     PER_TOKEN = 0.04
@@ -65,6 +68,17 @@ class WidthPlanner:
     # with nothing seen yet a catch-up is spread over the steps a row has left
     DRAFTING_PRIOR = 2.0
     DRAFTING_DECAY = 0.95
+    # after a plan in which no -k auto row drafts, the next steps of the same batch run plain
+    # without a plan (`_in_plain_run`) while each row drafts from a source the run's plans
+    # weighed for it: 1 step after the first such plan, twice as many after each next, up to
+    # PLAIN_MOST; a plan that drafts, a row with a source not weighed yet, or a change of the
+    # batch's rows plans again (alone, AdaptiveK probes after runs of K = 0 likewise). Where
+    # nothing pays to draft (a full batch on a CPU) each step's plan cost 0.2-0.35 ms of 19-26
+    # ms for nothing (scripts/plan_costs.py). A run does not weigh the rows' sources together
+    # (two rows with lookups, each weighed beside model rows): PLAIN_MOST bounds what that
+    # misses. Not asking the lookups either saved more on chat prompts and lost the drafting
+    # that pays at 2-3 rows of input-grounded ones (scripts/pass_mix.py --workload grounded)
+    PLAIN_MOST = 16
 
     def __init__(self, decay: float = 0.9) -> None:
         self.decay = decay
@@ -87,6 +101,11 @@ class WidthPlanner:
         # over every measured cell cost more than the plan's search itself)
         self._nearest_pass: dict[tuple[int, int], tuple[int, int]] = {}
         self._nearest_draft: dict[tuple[int, int], tuple[int, int]] = {}
+        # the plain run: the batch it is for, its length, the steps of it left
+        self._plain_batch: Batch | None = None
+        self._plain_sources: dict[int, set[str]] = {}  # row -> its sources the run's plans saw
+        self._plain_run = 0
+        self._plain_left = 0
 
     def observe(self, rows: int, width: int, seconds: float) -> None:
         old = self.cost_s.get((rows, width))
@@ -235,6 +254,36 @@ class WidthPlanner:
             expected_tokens / expected_s
         )
 
+    def _in_plain_run(self, batch: Batch, sources: dict[int, str]) -> bool:
+        """Whether this step is one of the plain run (PLAIN_MOST) that the last plans at `batch`
+        earned: the same batch, and every -k auto row drafting from a source the run's plans
+        weighed for it (a lookup that matched where they weighed the model: the plan's inputs
+        changed, so it plans again). A batch other than the run's ends the run."""
+        if batch != self._plain_batch:
+            self._plain_batch, self._plain_run, self._plain_left = batch, 0, 0
+            self._plain_sources = {}
+            return False
+        if self._plain_left <= 0 or any(
+            source not in self._plain_sources.get(row, ()) for row, source in sources.items()
+        ):
+            return False
+        self._plain_left -= 1
+        return True
+
+    def _planned(self, batch: Batch, sources: dict[int, str], drafts: bool) -> None:
+        """A plan at `batch` was made, the -k auto rows' sources `sources`: a plain one
+        lengthens the plain run that follows it (1, 2, 4 .. PLAIN_MOST steps), one that drafts
+        ends it."""
+        if batch != self._plain_batch or drafts:
+            self._plain_batch, self._plain_run, self._plain_sources = batch, 0, {}
+        if drafts:
+            self._plain_left = 0
+            return
+        self._plain_run = min(self.PLAIN_MOST, max(1, 2 * self._plain_run))
+        self._plain_left = self._plain_run
+        for row, source in sources.items():
+            self._plain_sources.setdefault(row, set()).add(source)
+
     def plan(
         self,
         active: list[BatchSequence],
@@ -248,20 +297,27 @@ class WidthPlanner:
         are expected to draft as many rows. `last_to_finish`: where the batch's caller waits
         for every row (and no request waits for a row), the most tokens any row of the batch
         still has to make; then only the drafts of the rows that have that many left count
-        (`row_weight`)."""
+        (`row_weight`). A step of a plain run (`_in_plain_run`) is not planned: its -k auto rows
+        draft nothing, and it returns None."""
         if not self.plans(active, joining):
             return None
         adaptive = [s for s in active if isinstance(s.policy, AdaptiveK) and s.source != NONE]
         for s in active:
             if isinstance(s.policy, AdaptiveK) and s.source == NONE:
                 s.k = 0  # nothing to draft from
+        regime = rows + joining  # the rows the catch-ups are spread over the drafting of
+        batch, sources = (len(active), rows, joining), {s.row: s.source for s in adaptive}
+        if self._in_plain_run(batch, sources):
+            for s in adaptive:
+                s.k = 0
+            self.observe_drafting(regime, [0 for s in adaptive if s.shares_draft])
+            return None
         one_token_s = self.pass_s(1, 1)
         assert one_token_s is not None  # (plans)
         fixed = [s for s in active if not isinstance(s.policy, AdaptiveK)]
         fixed_width = 1 + max((s.k for s in fixed), default=0)
         fixed_shared = [s for s in fixed if s.shares_draft and s.k > 0]
         widest = 1 + max(s.k_limit for s in adaptive)
-        regime = rows + joining  # the rows the catch-ups are spread over the drafting of
         options = [self._options(s, widest, one_token_s, regime) for s in adaptive]
 
         # the costs a plan is made of, looked up once per step (the search weighs dozens of
@@ -298,6 +354,7 @@ class WidthPlanner:
         best_ks = plans.search(widest)
         for s, k in zip(adaptive, best_ks, strict=True):
             s.k = k
+        self._planned(batch, sources, any(best_ks))
         self.observe_drafting(
             regime, [k for s, k in zip(adaptive, best_ks, strict=True) if s.shares_draft]
         )
@@ -364,158 +421,3 @@ class WidthPlanner:
             guess = self.DRAFT_PRIOR * one_token_s if s.source == MODEL else 0.0
             own = [k * guess if c is None else c for k, c in enumerate(measured)]
         return expected, own
-
-
-@dataclass(frozen=True)
-class Plans:
-    """What the plans of one step are weighed by: per -k auto row i, its expected tokens and
-    own drafting seconds at each K (expected[i][k], own_s[i][k]), whether it drafts in the
-    shared draft passes and the most it may draft; what the other rows add; the pass at each
-    width; shared drafting by (rows, K); and the realized share of plain and drafting steps."""
-
-    expected: list[list[float]]
-    own_s: list[list[float]]
-    shares: list[bool]
-    limits: list[int]
-    base_tokens: float  # tokens of the rows with a fixed K (at least one each)
-    fixed_width: int  # the pass's width without any -k auto row drafting
-    fixed_shared_rows: int  # fixed-K rows drafting in the shared passes
-    fixed_shared_k: int  # the most they draft
-    pass_by_width: list[float]
-    shared_draft_s: Callable[[int, int], float]
-    share: dict[bool, float]
-
-    def outcome(self, ks: list[int]) -> tuple[bool, float, float]:
-        """(whether any row drafts, expected tokens, expected seconds) of the plan in which row
-        i drafts up to ks[i]."""
-        tokens, draft_s = self.base_tokens, 0.0
-        shared_k, shared_rows, width = self.fixed_shared_k, self.fixed_shared_rows, self.fixed_width
-        for i, k in enumerate(ks):
-            tokens += self.expected[i][k]
-            draft_s += self.own_s[i][k]
-            if k:
-                width = max(width, k + 1)
-                if self.shares[i]:
-                    shared_k, shared_rows = max(shared_k, k), shared_rows + 1
-        draft_s += self.shared_draft_s(shared_rows, shared_k) if shared_rows else 0.0
-        return width > 1, tokens, draft_s + self.pass_by_width[width]
-
-    def rate(self, ks: list[int]) -> float:
-        """Expected tokens per second of a plan, corrected by what such steps gave."""
-        drafted, tokens, seconds = self.outcome(ks)
-        return tokens / seconds * self.share[drafted]
-
-    def search(self, widest: int) -> list[int]:
-        """The plan with the most expected tokens per second found thus: for each width w (1 ..
-        widest), every row drafts up to w - 1 but for those whose drafting costs the batch
-        more than it brings, dropped one at a time, the worst first. A plan without one row's
-        drafting is weighed from the current plan's sums (O(1) a row, not a pass over all
-        rows: a step at 8 rows weighs about a hundred such plans)."""
-        best_ks, best_rate = [0] * len(self.expected), -1.0
-        # (one row's plans cost less to weigh than to bound)
-        bound = self._bounds(widest) if len(self.expected) > 1 else None
-        for w in range(1, widest + 1):
-            if w > 1 and bound is not None and bound(w) <= best_rate:
-                continue  # no plan drafting up to w - 1 can beat the best so far
-            ks = [min(limit, w - 1) for limit in self.limits]
-            current = self.rate(ks)
-            while True:
-                worst, gain = -1, current
-                sums = self._sums(ks)
-                for i, k in enumerate(ks):
-                    if k and (without := self._rate_without(ks, sums, i)) > gain:
-                        worst, gain = i, without
-                if worst < 0:
-                    break
-                ks[worst] = 0
-                current = self.rate(ks)
-            if current > best_rate:
-                best_ks, best_rate = ks, current
-        return best_ks
-
-    def _bounds(self, widest: int) -> Callable[[int], float]:
-        """An upper bound on the rate of every plan the search weighs at width w in which some
-        row drafts (row i drafts min(limit_i, w - 1) tokens or none; the plan in which none
-        drafts is weighed at w = 1). Such a plan's pass has a width c from the least a drafting
-        plan needs up to max(w, fixed_width), and a row drafting in a pass of width c drafts at
-        most c - 1 tokens (its expected tokens grow with K), so the plan's tokens are at most
-        `base` plus each row's gain at min(limit, c - 1), over the pass at c plus, where m rows
-        draft in the shared passes (the m largest gains at most), the cheapest shared drafting
-        of m rows (and the fixed rows sharing) at any K up to c - 1; drafting of a row's own
-        costs at least nothing. The bound at w is the largest over those c, computed once for
-        every w. Where drafting does not pay (a full batch), the search skips every width but
-        the first. (A bound that paired every row's largest gain with the cheapest pass and
-        the cheapest shared drafting of one row skipped few: at 4 rows of SmolLM2's chat
-        prompts it let through a median 7 of 9 widths: scripts/plan_costs.py.)"""
-        base = self.base_tokens + sum(e[0] for e in self.expected)
-        fixed_rows, least_k = self.fixed_shared_rows, max(1, self.fixed_shared_k)
-        n_shared = sum(self.shares)
-        low, top = max(2, self.fixed_width), max(widest, self.fixed_width)
-        # shared_cost[m]: the cheapest shared drafting of m -k auto rows (and the fixed ones)
-        # at any K from least_k up to the width's c - 1
-        shared_cost = [0.0] + [float("inf")] * n_shared
-        next_k = least_k
-        by_width = [0.0] * (top + 1)  # the bound at each w
-        best = 0.0
-        for c in range(low, top + 1):
-            for k in range(next_k, c):
-                for m in range(1, n_shared + 1):
-                    shared_cost[m] = min(shared_cost[m], self.shared_draft_s(fixed_rows + m, k))
-            next_k = max(next_k, c)
-            own, shared = base, []
-            for e, limit, shares in zip(self.expected, self.limits, self.shares, strict=True):
-                k = min(limit, c - 1)
-                gain = max(0.0, e[k] - e[0])
-                if shares and k:
-                    shared.append(gain)
-                else:
-                    own += gain
-            seconds = self.pass_by_width[c]
-            best = max(best, own / seconds)
-            tokens = own
-            for m, gain in enumerate(sorted(shared, reverse=True), start=1):
-                tokens += gain
-                best = max(best, tokens / (seconds + shared_cost[m]))
-            by_width[c] = best * self.share[True]
-
-        def bound(w: int) -> float:
-            return by_width[max(w, self.fixed_width)]
-
-        return bound
-
-    def _sums(self, ks: list[int]) -> tuple[float, float, list[int], list[int]]:
-        """A plan's expected tokens, own drafting seconds, and the K of its drafting rows and of
-        its rows drafting in shared passes (each largest first)."""
-        tokens = self.base_tokens + sum(e[k] for e, k in zip(self.expected, ks, strict=True))
-        own = sum(o[k] for o, k in zip(self.own_s, ks, strict=True))
-        drafting = sorted((k for k in ks if k), reverse=True)
-        shared = sorted(
-            (k for k, sh in zip(ks, self.shares, strict=True) if k and sh), reverse=True
-        )
-        return tokens, own, drafting, shared
-
-    def _rate_without(
-        self, ks: list[int], sums: tuple[float, float, list[int], list[int]], i: int
-    ) -> float:
-        """`rate` of plan ks with row i (which drafts) not drafting."""
-        tokens, own, drafting, shared = sums
-        k = ks[i]
-        tokens += self.expected[i][0] - self.expected[i][k]
-        own += self.own_s[i][0] - self.own_s[i][k]
-        width = max(self.fixed_width, _largest_but_one(drafting, k) + 1)
-        shared_rows = self.fixed_shared_rows + len(shared)
-        shared_k = max(self.fixed_shared_k, shared[0] if shared else 0)
-        if self.shares[i]:
-            shared_rows -= 1
-            shared_k = max(self.fixed_shared_k, _largest_but_one(shared, k))
-        draft_s = own + (self.shared_draft_s(shared_rows, shared_k) if shared_rows else 0.0)
-        seconds = draft_s + self.pass_by_width[width]
-        return tokens / seconds * self.share[width > 1]
-
-
-def _largest_but_one(values: list[int], k: int) -> int:
-    """The largest of `values` (largest first, k among them) once one k is taken out (0 if
-    none is left)."""
-    if values[0] != k:
-        return values[0]
-    return values[1] if len(values) > 1 else 0

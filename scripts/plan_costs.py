@@ -7,7 +7,8 @@ Runs the chat workload's first five prompts with -k auto through `Pipeline.gener
 (`--concurrency` rows, 64 new tokens; two batches to warm up, then `--batches` batches) and
 prints, from timers wrapped around them in place:
 - microseconds per call of a batch step, of deciding one row's K (`BatchDecoder._decide`), of
-  planning a step (`WidthPlanner.plan`) and of a drafter's `source` (its n-gram lookup);
+  planning a step (`WidthPlanner.plan`) and of a drafter's `source` (its n-gram lookup); how
+  many steps were steps of a plain run, which are not planned (`WidthPlanner.PLAIN_MOST`);
 - per row count, the plan searches (`Plans.search`) of the measured batches: how many, how many
   widths got past the search's bound (a width whose bound does not beat the plan in which no row
   drafts is skipped), and the median microseconds of the same searches replayed afterwards, 20
@@ -31,7 +32,8 @@ from typing import Any
 from specx.apps.bench.runner import load_workloads
 from specx.runtime import Pipeline
 from specx.runtime.backends.ort_session import use_global_thread_pool
-from specx.runtime.batch_widths import Plans, WidthPlanner
+from specx.runtime.batch_plans import Plans
+from specx.runtime.batch_widths import WidthPlanner
 from specx.runtime.batching import BatchDecoder
 from specx.runtime.drafters.hybrid import HybridDrafter
 
@@ -85,6 +87,16 @@ def main() -> None:
     timed(WidthPlanner, "plan", "planning a step")
     timed(HybridDrafter, "source", "a drafter's source")
     Plans.search = recorded_search(Plans.search)  # type: ignore[method-assign]
+    plain_steps = [0]
+    if hasattr(WidthPlanner, "_in_plain_run"):  # (code before plain runs has none)
+        in_run = WidthPlanner._in_plain_run
+
+        def counted(self: WidthPlanner, *args: Any) -> bool:
+            found = in_run(self, *args)
+            plain_steps[0] += found and measuring[0]
+            return found
+
+        WidthPlanner._in_plain_run = counted  # type: ignore[method-assign]
     use_global_thread_pool()
     pipe = Pipeline.load(args.artifact)
     prompts = load_workloads()["chat"]["prompts"][:5]
@@ -95,6 +107,8 @@ def main() -> None:
     print(f"-k auto, {args.concurrency} rows, {args.batches} batches of the 5 chat prompts")
     for label, seconds in spent.items():
         print(f"  {label:20s} {len(seconds):6d} calls {statistics.mean(seconds) * 1e6:8.1f} us")
+    steps = len(spent["step"])
+    print(f"  steps of plain runs (not planned): {plain_steps[0]} of {steps}")
     measuring[0] = False  # (the replay below searches too)
     by_rows: defaultdict[int, list[tuple[int, float]]] = defaultdict(list)
     for plans, widest, costs in searches:

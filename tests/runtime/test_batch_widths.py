@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from specx.runtime.adaptive import AdaptiveK
-from specx.runtime.batch_widths import Plans, WidthPlanner
+from specx.runtime.batch_plans import Plans
+from specx.runtime.batch_widths import WidthPlanner
 from specx.runtime.batching import BatchSequence
 from specx.runtime.drafters.base import LOOKUP, MODEL
 from specx.runtime.generate import make_verifier
@@ -208,7 +209,10 @@ def test_drafting_whose_steps_give_less_than_expected_stops_being_chosen() -> No
         drafted = []
         for _ in range(60):
             expected = widths.plan(rows, 4)
-            assert expected is not None
+            if expected is None:  # a step of a plain run that plain plans earned
+                assert [s.k for s in rows] == [0, 0, 0, 0] and not gives_expected
+                drafted.append(False)
+                continue
             _, drafts, tokens, seconds = expected
             drafted.append(drafts)
             given = round(tokens) if gives_expected or not drafts else 4
@@ -413,3 +417,62 @@ def test_where_the_caller_waits_for_the_whole_batch_only_the_rows_most_behind_dr
     level[1].stats.new_tokens = 4
     widths.plan(level, 2, last_to_finish=60)
     assert [s.k for s in level] == [1, 4]
+
+
+def _plain_steps(widths: WidthPlanner, rows: list[BatchSequence], steps: int) -> list[bool]:
+    """Whether each of `steps` steps was planned (its K set by a search): a plain run's steps
+    are not, and their -k auto rows draft nothing."""
+    planned = []
+    for _ in range(steps):
+        for s in rows:
+            s.k = s.k_limit  # what a planned row's policy allows (decide with choose=False)
+        planned.append(widths.plan(rows, len(rows)) is not None)
+        assert all(s.k == 0 for s in rows)
+    return planned
+
+
+def test_plans_that_draft_nothing_earn_plain_runs_that_double_up_to_a_cap() -> None:
+    """Four model rows whose drafting does not pay: after each plain plan the batch runs plain
+    without planning for 1, 2, 4 .. PLAIN_MOST steps, then plans again."""
+    widths = planner(0.040, 1.0, rows=4)
+    rows = [row(r, KnownPolicy(0.3, 0.020)) for r in range(4)]
+    planned = _plain_steps(widths, rows, 80)
+    runs = "".join("P" if p else "." for p in planned).split("P")[1:]
+    cap = WidthPlanner.PLAIN_MOST
+    assert [len(r) for r in runs[:6]] == [1, 2, 4, 8, 16, 16][: len(runs[:6])]
+    assert cap == 16 and max(len(r) for r in runs) == cap
+
+
+def test_a_row_drafting_from_a_source_the_plain_plans_did_not_weigh_is_planned_at_once() -> None:
+    """The negative control: a lookup where the plain plans saw the model (the plan's inputs
+    changed) is planned in the same step, and drafts where that pays; so is a batch that
+    changed (a row left)."""
+    widths = planner(0.040, 0.02, rows=4)
+    widths.observe(3, 1, 0.040)
+    rows = [row(r, KnownPolicy(0.3, 0.030)) for r in range(4)]
+    assert _plain_steps(widths, rows, 4) == [True, False, True, False]
+    rows[2].source = LOOKUP
+    rows[2].policy = KnownPolicy(0.9, 0.0)
+    rows[2].k = 4
+    assert widths.plan(rows, 4) is not None
+    assert rows[2].k == 4  # a free lookup in a pass that widens for 2% a position
+    # that plan drafted: the run is over, every step is planned again
+    rows[2].source, rows[2].policy = MODEL, KnownPolicy(0.3, 0.030)
+    assert _plain_steps(widths, rows, 4) == [True, False, True, False]
+    assert _plain_steps(rows=rows[:3], widths=widths, steps=2) == [True, False]
+
+
+def test_a_plain_run_skips_only_steps_whose_sources_its_plans_weighed() -> None:
+    """Rows whose sources alternate between the model and a lookup that does not pay either:
+    once the run's plans have weighed both for every row, steps go unplanned whichever each
+    row has."""
+    widths = planner(0.040, 1.0, rows=2)
+    rows = [row(r, KnownPolicy(0.3, 0.020)) for r in range(2)]
+    planned = []
+    for step in range(40):
+        for i, s in enumerate(rows):
+            s.source = LOOKUP if (step + i) % 3 == 0 else MODEL
+            s.k = s.k_limit
+        planned.append(widths.plan(rows, 2) is not None)
+    assert planned[:2] == [True, True]  # each new source is weighed first
+    assert sum(planned[20:]) <= 2
