@@ -5,8 +5,10 @@
 Per file: -k auto's aggregate tokens/s at 4 requests over -k auto alone (goal >= 2.5), its median
 latency at 4 over alone (goal <= 1.6), and at every concurrency (alone included) -k auto's
 tokens/s over the better of speculation off and the best fixed K at that concurrency (goal >= 0.95
-at every one: here alone too), from the medians of the cells, and, where the bench wrote them,
-the same ratios paired within each repeat (medians over repeats). `--every-mode`: that last
+at every one: here alone too), from the cells' tokens/s, and, where the bench wrote them, the
+same ratios paired within each repeat (medians over repeats) and the figures from each cell's
+median run (the bench's tokens/s before 2026-12-02 16:38: apps/bench/concurrency.py
+`_workload_rate`). `--every-mode`: that last
 ratio for every mode against the fastest of the others (where modes run level, how far below 1
 noise alone puts one). Reads the numbers the bench wrote; measures nothing.
 """
@@ -23,8 +25,9 @@ LATENCY_AT_4 = 1.6
 AUTO_SHARE = 0.95
 
 
-def goals(results: dict[str, Any]) -> dict[str, Any]:
-    """The three figures of one run, and whether each goal holds."""
+def goals(results: dict[str, Any], rate: str = "tokens_per_s") -> dict[str, Any]:
+    """The three figures of one run, and whether each goal holds; `rate`: the cells' tokens/s
+    to read (tokens_per_s_median_run: as the bench reckoned them before 2026-12-02 16:38)."""
     cells: dict[tuple[str, str], dict[str, Any]] = {
         (r["mode"], str(r["concurrency"])): r for r in results["rows"]
     }
@@ -36,15 +39,15 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
     # best of several noisy cells is biased upward)
     every = {
         mode: {
-            c: cells[(mode, c)]["tokens_per_s"]
-            / max(cells[(other, c)]["tokens_per_s"] for other in modes if other != mode)
+            c: cells[(mode, c)][rate]
+            / max(cells[(other, c)][rate] for other in modes if other != mode)
             for c in levels
         }
         for mode in modes
     }
     shares = every[auto]
     at_4 = cells[(auto, "4")]
-    aggregate = at_4["tokens_per_s"] / cells[(auto, "alone")]["tokens_per_s"]
+    aggregate = at_4[rate] / cells[(auto, "alone")][rate]
     latency = at_4["latency_x_alone"]
     paired = {
         c: cells[(auto, c)]["x_better_paired"]
@@ -76,7 +79,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     for path in args.runs:
-        g = goals(json.loads(path.read_text()))
+        results = json.loads(path.read_text())
+        g = goals(results)
         shares = " / ".join(f"{s:.3f}" for s in g["auto_share"].values())
         met = ", ".join("met" if m else "MISSED" for m in g["met"])
         print(
@@ -89,6 +93,15 @@ def main() -> None:
                 else ""
             )
         )
+        if "tokens_per_s_median_run" in results["rows"][0]:
+            old = goals(results, "tokens_per_s_median_run")
+            print(
+                f"   from each cell's median run instead (before 2026-12-02 16:38): -k auto at 4 "
+                f"{old['aggregate_at_4']:.2f}x alone, -k auto / better "
+                + " / ".join(f"{s:.3f}" for s in old["auto_share"].values())
+                + "; goals: "
+                + ", ".join("met" if m else "MISSED" for m in old["met"])
+            )
         if args.every_mode:
             for mode, by_c in g["every_mode_share"].items():
                 print(

@@ -174,3 +174,34 @@ def test_paired_concurrency_ratios_are_taken_within_each_repeat() -> None:
     assert np.isclose(rows[("x K=auto", "alone")]["x_better_paired"], 1.0)  # ties K=2
     assert np.isclose(auto["x_alone_paired"], 2.7 / 1.1)
     assert "x_better_paired" not in rows[("off", 4)]
+
+
+def test_a_concurrency_cells_tokens_per_second_is_its_whole_workloads_not_its_median_batchs() -> (
+    None
+):
+    """Three batches a repeat, of different prompts: speculation off makes 64, 128 and 128
+    tokens in a second each, -k auto 96, 96 and 128. Over the workload both made 320 tokens in
+    3 s; the median batch (128 against 96) would say -k auto ran 0.75x speculation off."""
+    from specx.apps.bench.concurrency import _summarize
+
+    def cell(tokens: list[int], together: bool = True) -> dict:
+        extra = {"latency_s": [1.0], "ttft_s": [0.1], "accepted_per_pass": [1.0]}
+        runs = [
+            {"tokens": t, "wall_s": 1.0, "ttft_s": 0.1, "repeat": r} | (extra if together else {})
+            for r in range(3)
+            for t in tokens
+        ]
+        return {"runs": runs}
+
+    modes = [{"name": "off", "k": 0}, {"name": "x K=auto", "k": "auto"}]
+    raw = {
+        "off|alone": cell([64], together=False),
+        "off|4": cell([64, 128, 128]),
+        "x K=auto|alone": cell([64], together=False),
+        "x K=auto|4": cell([96, 96, 128]),
+    }
+    rows = {(r["mode"], r["concurrency"]): r for r in _summarize(raw, modes, (4,))}
+    off, auto = rows[("off", 4)], rows[("x K=auto", 4)]
+    assert np.isclose(off["tokens_per_s"], 320 / 3) and np.isclose(auto["tokens_per_s"], 320 / 3)
+    assert np.isclose(auto["x_alone"], 320 / 3 / 64)
+    assert (off["tokens_per_s_median_run"], auto["tokens_per_s_median_run"]) == (128.0, 96.0)

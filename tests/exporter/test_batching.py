@@ -8,6 +8,7 @@ start and stop.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -701,6 +702,9 @@ def test_the_concurrency_bench_runs_every_prompt_at_every_concurrency(
     assert "mixed K=auto" in bench.format_concurrency(results)
     assert all(r["x_alone_paired"] == 1.0 for r in rows if r["concurrency"] == "alone")
     assert [("x_better_paired" in r) for r in rows] == [r["mode"] == "mixed K=auto" for r in rows]
+    # every run is kept, as the JSON the bench writes (a recount of any figure needs them)
+    runs = json.loads(json.dumps(results))["runs"]
+    assert len(runs["off|2"]) == 2 and {r["repeat"] for r in runs["off|alone"]} == {0}
 
 
 def test_the_step_parts_script_splits_batch_steps_and_puts_back_what_it_timed(llama: Any) -> None:
