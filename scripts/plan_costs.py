@@ -1,7 +1,7 @@
 """What -k auto's bookkeeping costs per batch step: deciding, planning, the drafter's lookup.
 
     .venv/bin/python scripts/plan_costs.py ARTIFACT [--concurrency 4] [--batches 6]
-        [--drafter ngram+int8]
+        [--drafter ngram+int8] [--plain-most 0]
 
 Runs the chat workload's first five prompts with -k auto through `Pipeline.generate_batch`
 (`--concurrency` rows, 64 new tokens; two batches to warm up, then `--batches` batches) and
@@ -81,7 +81,14 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--batches", type=int, default=6)
     parser.add_argument("--drafter", default="ngram+int8")
+    parser.add_argument(
+        "--plain-most",
+        type=int,
+        help="set WidthPlanner.PLAIN_MOST (0: every batch step planned, as before plain runs)",
+    )
     args = parser.parse_args()
+    if args.plain_most is not None:
+        WidthPlanner.PLAIN_MOST = args.plain_most
     timed(BatchDecoder, "step", "step")
     timed(BatchDecoder, "_decide", "deciding a row")
     timed(WidthPlanner, "plan", "planning a step")
@@ -104,7 +111,10 @@ def main() -> None:
     for batch in range(2 + args.batches):
         measuring[0] = batch >= 2
         pipe.generate_batch(prompts, max_batch=args.concurrency, **options)
-    print(f"-k auto, {args.concurrency} rows, {args.batches} batches of the 5 chat prompts")
+    print(
+        f"-k auto, {args.concurrency} rows, {args.batches} batches of the 5 chat prompts"
+        + ("" if args.plain_most is None else f", PLAIN_MOST={args.plain_most}")
+    )
     for label, seconds in spent.items():
         print(f"  {label:20s} {len(seconds):6d} calls {statistics.mean(seconds) * 1e6:8.1f} us")
     steps = len(spent["step"])
