@@ -1,0 +1,213 @@
+"""Block-quantized weights for ONNX Runtime's MatMulNBits: from a GGUF's own blocks, or made here.
+
+One representation serves both. A linear weight W [N, K] (out x in, blocks along K) is
+
+    W[n, k] = scale[n, b] * (codes[n, k] - zero[n, b]) + shift[n, b]      b = k // block
+
+with integer codes and zero points of `bits` bits, float32 scales, and an optional float32
+`shift` per block. MatMulNBits computes the first term (uint8 zero points: its fast kernels;
+measured, float zero points fall back to a dequantizing path about 200x slower on a CPU and are
+refused for 8 bits); the shift, where a format has one (GGUF's K-quants and Q4_1/Q5_1 keep a
+block minimum that is no integer number of steps), is added by the graph as
+`blocksum(x) @ shift^T`, so the weights the graph computes with are exactly the file's, without a
+second rounding (stream.py writes those nodes).
+
+GGUF formats and what they carry (bits of the codes as stored here):
+- Q4_0 (4), Q8_0 (8), Q5_0 (8: 5-bit codes in 8-bit lanes), Q6_K (8, blocks of 16): exact,
+  integer zero points;
+- Q4_1 (4), Q5_1 (8), Q4_K (4), Q5_K (8): exact with the shift term.
+Anything else (F16, BF16, F32, Q2_K, Q3_K, the IQ formats) is dequantized and, where the
+precision asks for it, quantized here (`quantize_float`), which rounds a second time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+QK_K = 256
+
+
+@dataclass
+class Blocks:
+    """A weight [N, K] as MatMulNBits blocks (see the module docstring)."""
+
+    codes: np.ndarray  # [N, K] uint8, values 0 .. 2**bits - 1
+    scale: np.ndarray  # [N, K // block] float32
+    zero: np.ndarray  # [N, K // block] uint8
+    shift: np.ndarray | None  # [N, K // block] float32, or None
+    bits: int
+    block: int
+    origin: str  # the GGUF type carried ("Q4_K", ...) or "requantized"
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.codes.shape[0]), int(self.codes.shape[1]))
+
+    def dequantize(self) -> np.ndarray:
+        """W [N, K] float32, as the graph computes with it."""
+        n, k = self.shape
+        steps = self.codes.reshape(n, -1, self.block).astype(np.float32)
+        steps -= self.zero[:, :, None].astype(np.float32)
+        w = steps * self.scale[:, :, None]
+        if self.shift is not None:
+            w += self.shift[:, :, None]
+        return w.reshape(n, k)
+
+    def take_rows(self, order: np.ndarray) -> Blocks:
+        """The same blocks with output rows reordered (a GGUF's q/k head permutation)."""
+        shift = None if self.shift is None else self.shift[order]
+        return Blocks(
+            self.codes[order],
+            self.scale[order],
+            self.zero[order],
+            shift,
+            self.bits,
+            self.block,
+            self.origin,
+        )
+
+    def packed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """MatMulNBits' inputs: B [N, K/block, block*bits/8] uint8, scales [N * K/block] float32,
+        zero points uint8 (4 bits: two blocks a byte, each row padded to whole bytes)."""
+        n, k = self.shape
+        kb = k // self.block
+        if self.bits == 4:
+            pairs = self.codes.reshape(n, kb, self.block // 2, 2)
+            b = (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)
+            zero = self.zero
+            if kb % 2:
+                zero = np.concatenate([zero, np.zeros((n, 1), np.uint8)], axis=1)
+            zero = zero.reshape(n, -1, 2)
+            zp = (zero[..., 0] | (zero[..., 1] << 4)).astype(np.uint8).reshape(-1)
+        else:
+            b = self.codes.reshape(n, kb, self.block)
+            zp = self.zero.reshape(-1)
+        return np.ascontiguousarray(b), self.scale.reshape(-1).astype(np.float32), zp
+
+
+def quantize_float(w: np.ndarray, bits: int, block: int = 32) -> Blocks:
+    """Round-to-nearest block quantization of W [N, K]: asymmetric (a zero point per block) for
+    4 bits, symmetric (zero point 128) for 8 bits, as ONNX Runtime's own quantizer makes them."""
+    n, k = w.shape
+    if k % block:
+        raise ValueError(f"K = {k} is not a multiple of the block size {block}")
+    x = w.reshape(n, k // block, block).astype(np.float32)
+    top = 2**bits - 1
+    if bits == 4:
+        lo = np.minimum(x.min(axis=-1), 0.0)
+        hi = np.maximum(x.max(axis=-1), 0.0)
+        scale = (hi - lo) / top
+        scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
+        zero = np.clip(np.round(-lo / scale), 0, top).astype(np.uint8)
+    else:
+        scale = (np.abs(x).max(axis=-1) / 127.0).astype(np.float32)
+        scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
+        zero = np.full(scale.shape, 128, np.uint8)
+    codes = np.round(x / scale[..., None]) + zero[..., None]
+    codes = np.clip(codes, 0, top).astype(np.uint8).reshape(n, k)
+    return Blocks(codes, scale, zero, None, bits, block, "requantized")
+
+
+def _f16(raw: np.ndarray) -> np.ndarray:
+    return raw.copy().view(np.float16).astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray, n_blocks: int, width: int) -> np.ndarray:
+    """ggml's 4-bit packing: the low nibbles of a row of `width // 2` bytes, then the high ones."""
+    lo = qs & np.uint8(0x0F)
+    hi = qs >> np.uint8(4)
+    return np.concatenate([lo, hi], axis=-1).reshape(n_blocks, width)
+
+
+def _decode(kind: str, raw: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(codes [blocks, per block], scale, zero, shift [blocks, sub-blocks]) of one GGUF type."""
+    nb = raw.shape[0]
+    if kind == "Q4_0":  # d (f16), 16 bytes of nibbles: (q - 8) * d
+        d, qs = _f16(raw[:, :2]), raw[:, 2:]
+        return _nibbles(qs, nb, 32), d, np.full((nb, 1), 8, np.uint8), None
+    if kind == "Q4_1":  # d, m, nibbles: q * d + m
+        d, m, qs = _f16(raw[:, :2]), _f16(raw[:, 2:4]), raw[:, 4:]
+        return _nibbles(qs, nb, 32), d, np.zeros((nb, 1), np.uint8), m
+    if kind in ("Q5_0", "Q5_1"):  # d, (m), 4 bytes of high bits, nibbles
+        d = _f16(raw[:, :2])
+        m = _f16(raw[:, 2:4]) if kind == "Q5_1" else None
+        rest = raw[:, 4:] if kind == "Q5_1" else raw[:, 2:]
+        qh = rest[:, :4].copy().view(np.uint32).reshape(nb, 1)
+        high = ((qh >> np.arange(32, dtype=np.uint32)[None]) & 1).astype(np.uint8)
+        codes = _nibbles(rest[:, 4:], nb, 32) | (high << 4)
+        if m is None:
+            return codes, d, np.full((nb, 1), 16, np.uint8), None
+        return codes, d, np.zeros((nb, 1), np.uint8), m
+    if kind == "Q8_0":  # d, 32 signed bytes: q * d
+        d = _f16(raw[:, :2])
+        codes = (raw[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        return codes, d, np.full((nb, 1), 128, np.uint8), None
+    if kind in ("Q4_K", "Q5_K"):  # super-blocks of 8 x 32: d * sc * q - dmin * m
+        from gguf.quants import Q4_K
+
+        d, dmin = _f16(raw[:, :2]), _f16(raw[:, 2:4])
+        sc, mn = Q4_K.get_scale_min(raw[:, 4:16])  # [nb, 8] each, 6-bit
+        scale = d * sc.astype(np.float32)
+        shift = -(dmin * mn.astype(np.float32))
+        if kind == "Q4_K":
+            qs = raw[:, 16:].reshape(nb, 4, 32)  # 4 chunks of 64 values: low nibbles, then high
+            codes = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(nb, QK_K)
+        else:
+            qh, qs = raw[:, 16:48], raw[:, 48:].reshape(nb, 4, 32)
+            low = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(nb, 8, 32)
+            high = (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
+            codes = (low | (high << 4)).reshape(nb, QK_K)
+        return codes.astype(np.uint8), scale, np.zeros((nb, 8), np.uint8), shift
+    if kind == "Q6_K":  # 16 sub-blocks of 16: d * scales * (q - 32)
+        ql, qh = raw[:, :128], raw[:, 128:192]
+        scales = raw[:, 192:208].view(np.int8).astype(np.float32)
+        d = _f16(raw[:, 208:210])
+        # per half of 128: values 0..31, 32..63 are the low nibbles of ql bytes 0..31, 32..63;
+        # 64..95, 96..127 their high nibbles; qh byte l holds the top 2 bits of all four
+        ql2 = ql.reshape(nb, 2, 2, 32)  # [half, byte chunk, 32]
+        low = np.stack([ql2 & 0x0F, ql2 >> 4], axis=2).reshape(nb, 2, 4, 32)
+        shifts = (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]
+        high = (qh.reshape(nb, 2, 1, 32) >> shifts) & 3
+        codes = (low | (high << 4)).reshape(nb, QK_K).astype(np.uint8)
+        # a negative sub-block scale flips the codes around the zero point 32 (exact)
+        flip = np.repeat(scales < 0, 16, axis=1)
+        codes = np.where(flip, 64 - codes.astype(np.int16), codes).astype(np.uint8)
+        return codes, d * np.abs(scales), np.full((nb, 16), 32, np.uint8), None
+    raise KeyError(kind)
+
+
+CARRIED = {  # GGUF type -> (bits stored, block)
+    "Q4_0": (4, 32),
+    "Q4_1": (4, 32),
+    "Q5_0": (8, 32),
+    "Q5_1": (8, 32),
+    "Q8_0": (8, 32),
+    "Q4_K": (4, 32),
+    "Q5_K": (8, 32),
+    "Q6_K": (8, 16),
+}
+
+
+def from_gguf(kind: str, raw: np.ndarray, rows: int, cols: int) -> Blocks:
+    """A GGUF tensor's blocks (raw: [rows, bytes per row] uint8) as Blocks [rows, cols]."""
+    bits, block = CARRIED[kind]
+    per_row = raw.shape[1]
+    flat = np.ascontiguousarray(raw).reshape(-1)
+    bytes_per_block = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
+    sizes = bytes_per_block | {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+    nb = flat.size // sizes[kind]
+    if nb * sizes[kind] != rows * per_row:
+        raise ValueError(f"{kind}: {rows} x {per_row} bytes is no whole number of blocks")
+    codes, scale, zero, shift = _decode(kind, flat.reshape(nb, sizes[kind]))
+    sub = cols // block
+    return Blocks(
+        codes.reshape(rows, cols),
+        np.ascontiguousarray(scale.reshape(rows, sub), dtype=np.float32),
+        np.ascontiguousarray(np.broadcast_to(zero, scale.shape).reshape(rows, sub)),
+        None if shift is None else np.ascontiguousarray(shift.reshape(rows, sub), np.float32),
+        bits,
+        block,
+        kind,
+    )
