@@ -254,6 +254,14 @@ def _quality(parity: dict[str, Any]) -> str:
     agreement, diff = number("argmax_agreement"), number("max_abs_logit_diff")
     if parity.get("kind") == "quantized" and agreement is not None:
         return f"agrees with the target's argmax on {100 * agreement:.0f}% of a text"
+    calibration = parity.get("calibration")
+    if isinstance(calibration, dict) and "argmax_agreement" in calibration:
+        carried = (parity.get("weights") or {}).get("carried") or {}
+        return (
+            f"argmax agrees with its fp32 source on {100 * calibration['argmax_agreement']:.0f}% "
+            f"of a text, max|dlogit| {calibration['max_abs_logit_diff']:.2f}"
+            + (f"; GGUF blocks carried: {sum(carried.values())}" if carried else "")
+        )
     return f"parity max|dlogit| {diff:.1e}" if diff is not None else "no parity recorded"
 
 

@@ -47,6 +47,27 @@ def _export_draft_help() -> str:
     is_flag=True,
     help="Also export the target as a batched graph (several sequences per pass, for serving).",
 )
+@click.option(
+    "--precision",
+    type=click.Choice(["fp32", "fp16", "int8", "int4"]),
+    default=None,
+    help="Target weights (default: the profile's, else fp32). int4/int8: MatMulNBits blocks, "
+    "a GGUF's own blocks carried where they map exactly; 8-bit LM head.",
+)
+@click.option(
+    "--draft-precision",
+    type=click.Choice(["fp32", "fp16", "int8", "int4"]),
+    default=None,
+    help="Weights of model drafts (default: the target's).",
+)
+@click.option(
+    "--quant-compute",
+    type=click.Choice(["int8", "fp32"]),
+    default="int8",
+    show_default=True,
+    help="How int4/int8 graphs multiply: int8 activations (fast, as llama.cpp; a K-token pass "
+    "may part from a one-token pass where rounding decides) or fp32 (slower; passes agree).",
+)
 @debug_option
 @user_errors
 def export_cmd(
@@ -61,6 +82,9 @@ def export_cmd(
     engines: bool,
     attention: str,
     batched: bool,
+    precision: str | None,
+    draft_precision: str | None,
+    quant_compute: str,
     debug: bool,
 ) -> None:
     """Export a TARGET (and drafts) to an ONNX artifact folder, checked against the source."""
@@ -82,6 +106,9 @@ def export_cmd(
         engines=engines,
         attention=attention,
         batched=batched,
+        precision=precision,
+        draft_precision=draft_precision,
+        quant_compute=quant_compute,
     )
     manifest = export_pair(
         target, list(drafts), output, options, log=lambda m: click.echo(m, err=True)

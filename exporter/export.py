@@ -23,12 +23,13 @@ from specx.runtime.contract import Manifest, ModelSpec
 from specx.runtime.drafters import registry
 from specx.runtime.errors import ExportError
 
-from .check import check_batch_parity, check_parity
+from .check import check_batch_parity, check_parity, quantized_quality
 from .drafts import DraftEntry, default_drafter, resolve_drafts
 from .engines import build_engines
 from .feature_head import HeadCheckpoint, build_head, read_head
 from .head_export import check_head_parity, export_head
 from .load import SourceModel, chat_template, check_pair, load_source, special_tokens
+from .nbits import COMPUTE, PRECISIONS, QUANTIZED
 from .onnx_export import export_graph
 from .plan import plan_pair
 from .quantize import CALIBRATION_TEXT, derive_quantized_draft
@@ -54,6 +55,13 @@ class ExportOptions:
     # Also export the target as a "batched" graph (target.batched.onnx): several sequences at
     # their own lengths per pass, for batched serving (runtime/batching.py).
     batched: bool = False
+    # Weights of the target ("fp32", "fp16", "int8", "int4"; None: the profile's, else fp32)
+    # and of model drafts (None: the target's). int4/int8 carry a GGUF source's own blocks.
+    precision: str | None = None
+    draft_precision: str | None = None
+    # How int4/int8 graphs multiply: "int8" activations (fast; a multi-token pass may part from
+    # a one-token pass where the rounding decides) or "fp32" (slower; the passes agree).
+    quant_compute: str = "int8"
 
 
 def _versions() -> dict[str, str]:
@@ -91,6 +99,18 @@ def _validate(output: Path, options: ExportOptions) -> None:
             f"writes), got {options.opset}",
             "leave the default, 17",
         )
+    precisions = {"--precision": options.precision, "--draft-precision": options.draft_precision}
+    for flag, value in precisions.items():
+        if value is not None and value not in PRECISIONS:
+            raise ExportError(
+                f"{flag} must be one of {', '.join(PRECISIONS)}, got {value!r}",
+                "int4 for the smallest and fastest graphs on a CPU, fp32 to compare against",
+            )
+    if options.quant_compute not in COMPUTE:
+        raise ExportError(
+            f"--quant-compute must be one of {', '.join(COMPUTE)}, got {options.quant_compute!r}",
+            "int8 for speed, fp32 for passes that agree like float32 graphs",
+        )
     if output.exists():
         if not output.is_dir():
             raise ExportError(f"{output} exists and is not a folder", "choose another -o path")
@@ -118,10 +138,18 @@ def export_pair(
     output = Path(output)
     _validate(output, options)
     profile = load_profile(options.profile) if options.profile else None
+    auto_attention = options.attention == "auto"
     attention = resolve_attention(options, profile)
     options = dataclasses.replace(options, attention=attention)
     if options.engines and attention != "plain":
         raise ExportError("TensorRT engines need plain graphs", "drop --attention gqa")
+    quantized = {options.precision, options.draft_precision} & set(QUANTIZED)
+    if quantized and (attention == "plain" and options.engines):
+        raise ExportError(
+            f"{'/'.join(sorted(quantized))} graphs use ONNX Runtime's MatMulNBits, which TensorRT "
+            "does not parse",
+            "drop --engines, or export fp16/fp32 for TensorRT",
+        )
     if options.engines:
         if profile is None or not profile.tensorrt.enabled:
             raise ExportError(
@@ -141,7 +169,7 @@ def export_pair(
                 "use a model draft or ngram with fp16 profiles",
             )
     with StagedFolder(output, log) as staged:
-        manifest = _export_into(staged.path, target, entries, options, profile, log)
+        manifest = _export_into(staged.path, target, entries, options, profile, log, auto_attention)
         if options.engines and profile is not None:
             log("building TensorRT engines")
             engines = build_engines(staged.path, manifest, profile, log)
@@ -158,8 +186,10 @@ def _export_into(
     options: ExportOptions,
     profile: Profile | None,
     log: Callable[[str], None],
+    auto_attention: bool = False,
 ) -> Manifest:
-    precision = profile.precision if profile else "fp32"
+    precision = options.precision or (profile.precision if profile else "fp32")
+    draft_precision = options.draft_precision or precision
     t_start = time.perf_counter()
     pair_id = uuid.uuid4().hex
     steps = 1 + len(drafts)
@@ -171,8 +201,16 @@ def _export_into(
         graph: str,
         attention: str = options.attention,
         taps: tuple[int, ...] = (),
+        precision: str = precision,
     ) -> ModelSpec:
         t0 = time.perf_counter()
+        int8_compute = precision in QUANTIZED and options.quant_compute == "int8"
+        if auto_attention and attention == "gqa" and int8_compute:
+            # GroupQueryAttention sums a K-token pass in another order than a one-token pass;
+            # int8 activation rounding turns those last bits into different tokens. Plain
+            # attention's passes are bit-identical (measured), so speculation stays exact.
+            log(f"  {role}: plain attention (int8 compute: its passes agree bit for bit)")
+            attention = "plain"
         why = gqa_unsupported(src.model) if attention == "gqa" else None
         if why:
             log(f"  {role}: {why}, which GroupQueryAttention needs; exporting plain attention")
@@ -189,10 +227,15 @@ def _export_into(
             precision,
             attention,
             taps,
+            options.quant_compute,
         )
         timings[f"{graph}_export_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        parity = check_parity(src, folder, spec, options.check_k, log)
+        parity = spec.parity | check_parity(src, folder, spec, options.check_k, log)
+        if precision in QUANTIZED and attention != "batched":
+            tokens = np.asarray(src.tokenizer(CALIBRATION_TEXT)["input_ids"], dtype=np.int64)
+            quality = quantized_quality(src, folder, spec, tokens, options.check_k, log)
+            parity["calibration"] = quality
         timings[f"{graph}_parity_s"] = time.perf_counter() - t0
         return dataclasses.replace(spec, parity=parity)
 
@@ -254,7 +297,8 @@ def _export_into(
             dsrc = load_source(entry.source, log)
             timings[f"{name}_load_s"] = dsrc.load_s
             check_pair(tsrc, dsrc)
-            draft_specs.append(export_one(dsrc, "draft", f"{name}.onnx"))
+            spec = export_one(dsrc, "draft", f"{name}.onnx", precision=draft_precision)
+            draft_specs.append(spec)
             del dsrc
     del tsrc
 

@@ -17,7 +17,9 @@ from specx.runtime import contract
 from specx.runtime.contract import ModelSpec
 from specx.runtime.errors import ExportError
 
+from .gguf_source import open_gguf
 from .load import Log, SourceModel, model_vocab_size
+from .nbits import QUANTIZED, quantize_graph
 from .wrap import LATER_OPSET, LATER_OPSET_DOMAIN, make_graph_module, uses_position_ids
 
 # Graphs larger than this keep their weights in a side file (protobuf's 2 GB limit).
@@ -237,11 +239,15 @@ def export_graph(
     precision: str = "fp32",
     attention: str = "plain",
     taps: tuple[int, ...] = (),
+    compute: str = "int8",
 ) -> ModelSpec:
     """Trace `src` into folder/graph_name and describe it; parity is checked separately.
 
     precision "fp16": weights, activations and caches in float16 (a half copy of the model is
     traced; the source model stays float32 for the parity reference); logits stay float32.
+    "int8" / "int4": float32 activations and caches, weights as MatMulNBits blocks (nbits.py),
+    carried from the GGUF file the model came from where their format maps exactly; `compute`
+    says how MatMulNBits multiplies (nbits.COMPUTE).
     attention "plain" (standard ONNX, for TensorRT), "gqa" (ONNX Runtime's in-place attention) or
     "batched" (several sequences at their own lengths per pass). taps: hidden states the graph
     also returns as `features`, for a feature draft (runtime/contract.py).
@@ -276,7 +282,7 @@ def export_graph(
         )
     features = len(taps) * dims["hidden_size"]
     outputs = contract.graph_outputs(layers, kv, hd, vocab, dtype, attention, features)
-    traced = src.model if precision == "fp32" else copy.deepcopy(src.model).to(torch_dtype)
+    traced = src.model if precision != "fp16" else copy.deepcopy(src.model).to(torch_dtype)
     module = make_graph_module(traced, attention, max_length, taps)
     # Dummy inputs: 3 new tokens on top of 2 past positions; every axis is dynamic.
     args: list[torch.Tensor] = [torch.tensor([[1, 2, 3]], dtype=torch.long)]
@@ -315,6 +321,14 @@ def export_graph(
         raise_opset(model)
     tied = tie_lm_head(model)
     stamp_io_shapes(model, inputs, outputs)
+    quantization = None
+    if precision in QUANTIZED:
+        t1 = time.perf_counter()
+        gguf = open_gguf(src.source, src.config)
+        report = quantize_graph(model, int(precision[3:]), vocab, src.model, gguf, compute)
+        quantization = report.to_json()
+        took = time.perf_counter() - t1
+        log(f"  {role}: {precision} weights in {took:.1f} s; {report.summary()}")
     params, nbytes = weight_stats(model)
     save_graph(model, folder, graph_name, role, src.source, pair_id, max_length, nbytes)
     log(
@@ -339,8 +353,9 @@ def export_graph(
         weight_bytes=nbytes,
         inputs=inputs,
         outputs=outputs,
-        variant="fp16" if precision == "fp16" else "fp32",
+        variant=precision,
         operators=graph_operators(model),
         attention=attention,
         feature_layers=taps,
+        parity={"weights": quantization} if quantization else {},
     )

@@ -173,7 +173,8 @@ def kind_of_spec(manifest: Manifest, spec: ModelSpec) -> DrafterKind:
     if spec.head is not None:
         return KINDS["eagle"]
     by_variant = KINDS.get(spec.variant)
-    if by_variant is not None and by_variant.export == EXPORT_QUANTIZED:
+    derived = spec.parity.get("kind") == "quantized"  # a model draft may be int4/int8 too
+    if by_variant is not None and by_variant.export == EXPORT_QUANTIZED and derived:
         return by_variant
     if spec.graph == manifest.target.graph:
         return KINDS["self"]

@@ -1,0 +1,97 @@
+"""A GGUF file's quantized tensors by the Hugging Face parameter they became, as Blocks.
+
+transformers dequantizes a GGUF into float32 parameters (load.py); this reads the same file's
+blocks so that a quantized graph can carry them instead of rounding the float32 copy a second
+time. A tensor is carried only where the blocks provably are the parameter: its dequantized
+values must equal the loaded parameter (after the loader's own row permutation, which Llama
+files apply to q/k), else the caller requantizes it and reports that.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .blocks import CARRIED, Blocks, from_gguf
+
+# Processors (transformers' per-architecture GGUF fixes) that leave matrices alone or only
+# permute their rows; others (GPT-2 transposes, Bloom splits qkv) are not carried.
+ROW_PROCESSORS = ("TensorProcessor", "LlamaTensorProcessor", "Gemma2TensorProcessor")
+# Carried blocks must dequantize to the loaded parameter up to float32 rounding of the product.
+MATCH_RELATIVE = 1e-5
+
+
+class GgufBlocks:
+    """Lookup of `path`'s quantized tensors for a model loaded from it (`config`: its config)."""
+
+    def __init__(self, path: Path, config: Any) -> None:
+        from gguf import MODEL_ARCH_NAMES, GGUFReader, get_tensor_name_map
+        from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+        self.reader = GGUFReader(str(path))
+        self.tensors = {t.name: t for t in self.reader.tensors}
+        field = self.reader.fields["general.architecture"]
+        arch_name = bytes(field.parts[field.data[0]]).decode()
+        arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch_name)
+        layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0))
+        self.names = get_tensor_name_map(arch, layers)
+        cls = TENSOR_PROCESSORS.get(arch_name, TensorProcessor)
+        self.processor = cls(config=config.to_dict()) if cls.__name__ in ROW_PROCESSORS else None
+
+    def gguf_name(self, hf_name: str) -> str | None:
+        base, _, suffix = hf_name.rpartition(".")
+        name = self.names.get_name(base)
+        if name is None or f"{name}.{suffix}" not in self.tensors:
+            if hf_name.endswith("lm_head.weight"):  # a head tied in the file: the embedding
+                return "token_embd.weight" if "token_embd.weight" in self.tensors else None
+            return None
+        return f"{name}.{suffix}"
+
+    def kind(self, hf_name: str) -> str | None:
+        """The GGUF type of the tensor behind `hf_name` ("Q4_K", "F32", ...), None if absent."""
+        name = self.gguf_name(hf_name)
+        return None if name is None else self.tensors[name].tensor_type.name
+
+    def blocks(self, hf_name: str, weight: np.ndarray) -> tuple[Blocks | None, str]:
+        """The file's blocks of the parameter `hf_name`, equal to `weight` [N, K] (out x in);
+        (None, why) where they cannot be carried."""
+        name = self.gguf_name(hf_name)
+        if name is None:
+            return None, "not in the GGUF file"
+        tensor = self.tensors[name]
+        kind = tensor.tensor_type.name
+        if kind not in CARRIED:
+            return None, f"{kind} in the file"
+        if self.processor is None:
+            return None, "the loader reshapes this architecture's tensors"
+        rows, cols = weight.shape
+        raw = np.asarray(tensor.data)
+        if raw.ndim != 2 or raw.shape[0] != rows:
+            return None, f"{kind} tensor of another shape"
+        blocks = from_gguf(kind, raw, rows, cols)
+        order = self._row_order(name, rows)
+        if order is not None:
+            blocks = blocks.take_rows(order)
+        got = blocks.dequantize()
+        tolerance = MATCH_RELATIVE * max(1e-30, float(np.max(np.abs(weight))))
+        if float(np.max(np.abs(got - weight))) > tolerance:
+            return None, f"{kind} blocks differ from the loaded weights"
+        return blocks, kind
+
+    def _row_order(self, name: str, rows: int) -> np.ndarray | None:
+        """The row permutation the loader applies to `name` (None: none), found by running the
+        loader's own processor on a column of row indices."""
+        assert self.processor is not None
+        probe = np.arange(rows, dtype=np.float64)[:, None]
+        result = self.processor.process(weights=probe, name=name)
+        order = np.asarray(result.weights).reshape(-1).astype(np.int64)
+        return None if np.array_equal(order, np.arange(rows)) else order
+
+
+def open_gguf(source: str, config: Any) -> GgufBlocks | None:
+    path = Path(source).expanduser()
+    if path.suffix.lower() != ".gguf" or not path.is_file():
+        return None
+    return GgufBlocks(path, config)

@@ -1,0 +1,237 @@
+"""int4 / int8 graphs: every MatMul on a weight becomes ONNX Runtime's MatMulNBits.
+
+Applied to the traced float32 graph, one weight at a time (a weight's float copy is dropped as
+soon as its blocks are in). Each weight's blocks come, in this order of preference, from
+
+1. the GGUF file the model was loaded from, where its type maps exactly (blocks.py): the graph
+   then computes with the file's own numbers, as llama.cpp does, with no second rounding;
+2. round-to-nearest block quantization here (`quantize_float`): `bits` for the body, 8 bits for
+   the LM head (its rounding moves every logit; llama.cpp's Q4_K_M files keep it in 6 bits).
+
+Formats whose blocks keep a minimum (Q4_1, Q5_1, Q4_K, Q5_K) add `blocksum(x) @ shift^T` to the
+product, as two small MatMuls: x [.., K] @ P [K, K/block] (ones on each block) gives the block
+sums, shared by every weight that reads the same x, then @ shift^T [K/block, N].
+
+The embedding table stays float32 (a Gather reads one row a token: memory, not bandwidth).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .blocks import Blocks, quantize_float
+from .gguf_source import GgufBlocks
+
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
+QUANTIZED = ("int8", "int4")
+BLOCK = 32
+HEAD_BITS = 8
+# How MatMulNBits computes (its accuracy_level): "int8" (4) quantizes activations to int8 per
+# block and multiplies in integers, as llama.cpp does: the fast CPU path. Its rounding of an
+# activation flips with any difference in the bits before it, and a multi-token pass's attention
+# sums in another order than a one-token pass's, so the two passes part at some tokens (measured
+# at export: quantized_quality). "fp32" (0) dequantizes the weights to float32 on every call:
+# several times slower per product, and the passes agree as closely as in float32 graphs.
+COMPUTE = {"int8": 4, "fp32": 0}
+
+
+@dataclass
+class QuantReport:
+    """What became of each weight: carried from the file (by GGUF type) or requantized (why)."""
+
+    carried: Counter[str] = field(default_factory=Counter)
+    requantized: dict[str, str] = field(default_factory=dict)  # parameter -> why
+    bits: Counter[str] = field(default_factory=Counter)  # "4-bit" / "8-bit" -> weights
+    compute: str = "int8"  # a key of COMPUTE
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "carried": dict(sorted(self.carried.items())),
+            "requantized": dict(sorted(self.requantized.items())),
+            "matmuls_by_bits": dict(sorted(self.bits.items())),
+            "compute": self.compute,
+        }
+
+    def summary(self) -> str:
+        carried = ", ".join(f"{n} {k}" for k, n in sorted(self.carried.items())) or "none"
+        why = ", ".join(sorted(set(self.requantized.values())))
+        return f"carried from the GGUF: {carried}; requantized: {len(self.requantized)}" + (
+            f" ({why})" if why else ""
+        )
+
+
+def _fingerprint(rows: int, cols: int, first: np.ndarray, last: np.ndarray) -> tuple[Any, ...]:
+    return (rows, cols, *np.asarray(first, np.float32).tolist(), *np.asarray(last).tolist())
+
+
+def parameter_index(model: Any) -> dict[tuple[Any, ...], str]:
+    """Each 2-D parameter of a torch model by a fingerprint of its [out, in] layout as the tracer
+    writes it transposed: shape and a few values (random or trained weights never collide)."""
+    index: dict[tuple[Any, ...], str] = {}
+    for name, p in model.named_parameters():
+        if p.dim() != 2:
+            continue
+        w = p.detach()
+        key = _fingerprint(w.shape[0], w.shape[1], w[0, :4].numpy(), w[-1, -4:].numpy())
+        index.setdefault(key, name)
+    return index
+
+
+def _weight_name(index: dict[tuple[Any, ...], str], wt: np.ndarray) -> str | None:
+    """The parameter whose [out, in] matrix is wt [N, K], or None (e.g. GPT-2's Conv1D)."""
+    return index.get(_fingerprint(wt.shape[0], wt.shape[1], wt[0, :4], wt[-1, -4:]))
+
+
+class _Rewriter:
+    def __init__(
+        self,
+        model: Any,
+        bits: int,
+        gguf: GgufBlocks | None,
+        vocab: int,
+        index: dict[tuple[Any, ...], str],
+        accuracy: int,
+    ) -> None:
+        self.bits, self.gguf, self.vocab, self.index = bits, gguf, vocab, index
+        self.accuracy = accuracy
+        self.graph = model.graph
+        self.inits = {t.name: t for t in self.graph.initializer}
+        self.block_sums: dict[tuple[str, int], str] = {}  # (input, block) -> its block sums
+        self.ones: dict[tuple[int, int], str] = {}  # (K, block) -> P's initializer
+        self.report = QuantReport()
+        self.count = 0
+
+    def add_init(self, array: np.ndarray, name: str) -> str:
+        from onnx import numpy_helper
+
+        tensor = numpy_helper.from_array(array, name)
+        self.graph.initializer.append(tensor)
+        self.inits[name] = tensor
+        return name
+
+    def blocks_for(self, wt: np.ndarray, name: str | None, head: bool) -> Blocks:
+        why = "no GGUF file" if self.gguf is None else "not a known parameter"
+        if self.gguf is not None and name is not None:
+            blocks, why = self.gguf.blocks(name, wt)
+            if blocks is not None:
+                self.report.carried[why] += 1
+                return blocks
+        if self.gguf is not None:
+            self.report.requantized[name or f"matmul {self.count}"] = why
+        if wt.shape[1] % BLOCK:
+            raise ValueError(f"{name}: {wt.shape[1]} inputs are no multiple of {BLOCK}")
+        return quantize_float(wt, HEAD_BITS if head else self.bits, BLOCK)
+
+    def block_sum(self, x: str, k: int, block: int) -> tuple[str, list[Any]]:
+        """x [.., K] -> its block sums [.., K / block] (the name, and the node if new)."""
+        from onnx import helper
+
+        key = (x, block)
+        if key in self.block_sums:
+            return self.block_sums[key], []
+        if (k, block) not in self.ones:
+            ones = np.zeros((k, k // block), np.float32)  # [K, K / block]
+            ones[np.arange(k), np.arange(k) // block] = 1.0
+            self.ones[(k, block)] = self.add_init(ones, f"nbits.blocksum.{k}.{block}")
+        out = f"nbits.blocksum.{len(self.block_sums)}"
+        self.block_sums[key] = out
+        return out, [helper.make_node("MatMul", [x, self.ones[(k, block)]], [out], name=out)]
+
+    def replace(self, node: Any, wt: np.ndarray) -> list[Any]:
+        """Nodes computing node's output from its input x with wt [N, K] as MatMulNBits (and the
+        shift's two MatMuls and Add where the blocks keep minimums)."""
+        from onnx import helper
+
+        self.count += 1
+        x = node.input[0]
+        blocks = self.blocks_for(wt, _weight_name(self.index, wt), wt.shape[0] == self.vocab)
+        n, k = blocks.shape
+        self.report.bits[f"{blocks.bits}-bit"] += 1
+        tag = f"nbits.{self.count}"
+        b, scales, zp = blocks.packed()
+        inputs = [
+            x,
+            self.add_init(b, f"{tag}.B"),
+            self.add_init(scales, f"{tag}.scales"),
+            self.add_init(zp, f"{tag}.zero_points"),
+        ]
+        out = node.output[0] if blocks.shift is None else f"{tag}.product"
+        nodes = [
+            helper.make_node(
+                "MatMulNBits",
+                inputs,
+                [out],
+                name=node.name or tag,
+                domain="com.microsoft",
+                K=k,
+                N=n,
+                bits=blocks.bits,
+                block_size=blocks.block,
+                accuracy_level=self.accuracy,
+            )
+        ]
+        if blocks.shift is not None:
+            shift_t = self.add_init(np.ascontiguousarray(blocks.shift.T), f"{tag}.shift")
+            sums, new = self.block_sum(x, k, blocks.block)
+            nodes = new + nodes
+            nodes.append(helper.make_node("MatMul", [sums, shift_t], [f"{tag}.shifted"]))
+            nodes.append(helper.make_node("Add", [out, f"{tag}.shifted"], [node.output[0]]))
+        return nodes
+
+    def weight_of(self, node: Any) -> tuple[str, bool] | None:
+        """(initializer, stored transposed) of a node multiplying by a 2-D weight, else None."""
+        if node.op_type == "MatMul" and node.input[1] in self.inits:
+            name, transposed = node.input[1], True  # MatMul(x, W^T): the tracer folds W.T
+        elif (
+            node.op_type == "Gemm"
+            and len(node.input) == 2
+            and node.input[1] in self.inits
+            and any(a.name == "transB" and a.i == 1 for a in node.attribute)
+        ):
+            name, transposed = node.input[1], False  # a tied head: Gemm(h, E, transB=1)
+        else:
+            return None
+        return (name, transposed) if len(self.inits[name].dims) == 2 else None
+
+    def run(self) -> QuantReport:
+        from onnx import numpy_helper
+
+        nodes: list[Any] = []
+        for node in self.graph.node:
+            found = self.weight_of(node)
+            if found is None:
+                nodes.append(node)
+                continue
+            array = numpy_helper.to_array(self.inits[found[0]])
+            wt = np.ascontiguousarray(array.T if found[1] else array, dtype=np.float32)
+            del array
+            nodes.extend(self.replace(node, wt))
+        del self.graph.node[:]
+        self.graph.node.extend(nodes)
+        used = {i for n in nodes for i in n.input}
+        for name in [n for n in self.inits if n not in used]:
+            self.graph.initializer.remove(self.inits.pop(name))
+        return self.report
+
+
+def quantize_graph(
+    model: Any,
+    bits: int,
+    vocab: int,
+    torch_model: Any,
+    gguf: GgufBlocks | None,
+    compute: str = "int8",
+) -> QuantReport:
+    """Rewrite `model` (onnx ModelProto, traced float32) in place: MatMuls on weights become
+    MatMulNBits of `bits` bits (see the module docstring). torch_model names the weights."""
+    index = parameter_index(torch_model)
+    report = _Rewriter(model, bits, gguf, vocab, index, COMPUTE[compute]).run()
+    report.compute = compute
+    if "com.microsoft" not in {o.domain for o in model.opset_import}:
+        entry = model.opset_import.add()
+        entry.domain, entry.version = "com.microsoft", 1
+    return report

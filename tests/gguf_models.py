@@ -1,0 +1,135 @@
+"""Tiny random models written as GGUF files with quantized tensors, as llama.cpp's tools write
+them (the gguf package): the exporter's carried-block path is tested on files like these.
+
+Weights are random blocks in each tensor's GGUF type (every bit pattern of codes, scales and
+minimums) or, for the types gguf can quantize, random floats quantized by it. A Llama file's
+q/k rows are whatever the blocks hold; the loader reverse-permutes them (transformers), which the
+exporter must follow.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.tiny_models import CHAT_TEMPLATE, build_tokenizer
+
+HIDDEN, FFN, HEADS, KV_HEADS, LAYERS = 256, 512, 4, 2, 2
+# each matrix's GGUF type: every carried type appears (K-quants need rows of 256 values)
+MATRIX_TYPES = {
+    "attn_q": "Q4_K",
+    "attn_k": "Q5_K",
+    "attn_v": "Q6_K",
+    "attn_output": "Q4_0",
+    "ffn_gate": "Q4_1",
+    "ffn_up": "Q5_0",
+    "ffn_down": "Q5_1",
+}
+QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+# float16 scale fields per block layout (byte offsets), given sane values in random blocks
+F16_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+K_SCALE = {"Q4_K": 3e-4, "Q5_K": 1.5e-4, "Q6_K": 1e-3}
+
+
+def _quantized(kind: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """[rows, bytes per row] uint8 of a random tensor in `kind`."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[kind]
+    if kind in QUANTIZABLE:
+        w = rng.normal(0, 0.3, size=(rows, cols)).astype(np.float32)
+        return np.asarray(gguf.quants.quantize(w, qtype))
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    n = rows * cols // block
+    raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
+    for offset in F16_FIELDS[kind]:
+        d = (K_SCALE[kind] * rng.uniform(0.5, 1.5, size=n)).astype(np.float16)
+        raw[:, offset : offset + 2] = d.view(np.uint8).reshape(n, 2)
+    return raw.reshape(rows, cols // block * size)
+
+
+def _tokenizer_fields(tok: Any) -> tuple[list[str], list[str]]:
+    model = json.loads(tok.to_str())["model"]
+    vocab = sorted(model["vocab"].items(), key=lambda kv: kv[1])
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    # transformers' GGUF tokenizer converter adds this token where the file lacks it
+    return [t for t, _ in vocab] + ["<|endoftext|>"], merges
+
+
+def write_gguf(
+    path: Path,
+    arch: str = "qwen2",
+    seed: int = 0,
+    types: dict[str, str] | None = None,
+    head: str | None = "Q8_0",
+    embedding: str = "Q4_K",
+    redraw: tuple[str, ...] = (),
+) -> Path:
+    """A tiny `arch` ("qwen2" or "llama") model as a GGUF file. head None: no output.weight
+    (the loader ties the head to the embedding). redraw: tensors drawn from another stream,
+    the rest as for the same seed (a draft that often agrees with the seed's model)."""
+    import gguf
+
+    types = types or MATRIX_TYPES
+    rng = np.random.default_rng(seed)
+    other = np.random.default_rng(seed + 1000)
+    tokens, merges = _tokenizer_fields(build_tokenizer(320))
+    vocab = len(tokens)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(256)
+    w.add_embedding_length(HIDDEN)
+    w.add_block_count(LAYERS)
+    w.add_feed_forward_length(FFN)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.NORMAL] * len(tokens))
+    w.add_token_merges(merges)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    w.add_pad_token_id(2)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+    def matrix(name: str, kind: str, rows: int, cols: int) -> None:
+        qtype = gguf.GGMLQuantizationType[kind]
+        data = _quantized(kind, rows, cols, rng)
+        if name in redraw:
+            data = _quantized(kind, rows, cols, other)
+        w.add_tensor(name, data, raw_dtype=qtype)
+
+    def vector(name: str, n: int, mean: float = 1.0) -> None:
+        w.add_tensor(name, (mean + rng.normal(0, 0.1, size=n)).astype(np.float32))
+
+    head_dim = HIDDEN // HEADS
+    shapes = {
+        "attn_q": (HIDDEN, HIDDEN),
+        "attn_k": (KV_HEADS * head_dim, HIDDEN),
+        "attn_v": (KV_HEADS * head_dim, HIDDEN),
+        "attn_output": (HIDDEN, HIDDEN),
+        "ffn_gate": (FFN, HIDDEN),
+        "ffn_up": (FFN, HIDDEN),
+        "ffn_down": (HIDDEN, FFN),
+    }
+    matrix("token_embd.weight", embedding, vocab, HIDDEN)
+    for i in range(LAYERS):
+        vector(f"blk.{i}.attn_norm.weight", HIDDEN)
+        vector(f"blk.{i}.ffn_norm.weight", HIDDEN)
+        for part, (rows, cols) in shapes.items():
+            matrix(f"blk.{i}.{part}.weight", types[part], rows, cols)
+            if arch == "qwen2" and part in ("attn_q", "attn_k", "attn_v"):
+                vector(f"blk.{i}.{part}.bias", rows, mean=0.0)
+    vector("output_norm.weight", HIDDEN)
+    if head is not None:
+        matrix("output.weight", head, vocab, HIDDEN)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
