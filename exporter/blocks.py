@@ -23,6 +23,7 @@ precision asks for it, quantized here (`quantize_float`), which rounds a second 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -121,7 +122,10 @@ def _nibbles(qs: np.ndarray, n_blocks: int, width: int) -> np.ndarray:
     return np.concatenate([lo, hi], axis=-1).reshape(n_blocks, width)
 
 
-def _decode(kind: str, raw: np.ndarray) -> tuple[np.ndarray, ...]:
+Decoded = tuple[np.ndarray, np.ndarray, np.ndarray, Any]  # the shift: an array or None
+
+
+def _decode(kind: str, raw: np.ndarray) -> Decoded:
     """(codes [blocks, per block], scale, zero, shift [blocks, sub-blocks]) of one GGUF type."""
     nb = raw.shape[0]
     if kind == "Q4_0":  # d (f16), 16 bytes of nibbles: (q - 8) * d
@@ -132,14 +136,13 @@ def _decode(kind: str, raw: np.ndarray) -> tuple[np.ndarray, ...]:
         return _nibbles(qs, nb, 32), d, np.zeros((nb, 1), np.uint8), m
     if kind in ("Q5_0", "Q5_1"):  # d, (m), 4 bytes of high bits, nibbles
         d = _f16(raw[:, :2])
-        m = _f16(raw[:, 2:4]) if kind == "Q5_1" else None
         rest = raw[:, 4:] if kind == "Q5_1" else raw[:, 2:]
-        qh = rest[:, :4].copy().view(np.uint32).reshape(nb, 1)
-        high = ((qh >> np.arange(32, dtype=np.uint32)[None]) & 1).astype(np.uint8)
-        codes = _nibbles(rest[:, 4:], nb, 32) | (high << 4)
-        if m is None:
+        bits5 = rest[:, :4].copy().view(np.uint32).reshape(nb, 1)
+        top = ((bits5 >> np.arange(32, dtype=np.uint32)[None]) & 1).astype(np.uint8)
+        codes = _nibbles(rest[:, 4:], nb, 32) | (top << 4)
+        if kind == "Q5_0":
             return codes, d, np.full((nb, 1), 16, np.uint8), None
-        return codes, d, np.zeros((nb, 1), np.uint8), m
+        return codes, d, np.zeros((nb, 1), np.uint8), _f16(raw[:, 2:4])
     if kind == "Q8_0":  # d, 32 signed bytes: q * d
         d = _f16(raw[:, :2])
         codes = (raw[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
@@ -152,29 +155,29 @@ def _decode(kind: str, raw: np.ndarray) -> tuple[np.ndarray, ...]:
         scale = d * sc.astype(np.float32)
         shift = -(dmin * mn.astype(np.float32))
         if kind == "Q4_K":
-            qs = raw[:, 16:].reshape(nb, 4, 32)  # 4 chunks of 64 values: low nibbles, then high
-            codes = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(nb, QK_K)
+            q4 = raw[:, 16:].reshape(nb, 4, 32)  # 4 chunks of 64 values: low nibbles, then high
+            kc = np.stack([q4 & 0x0F, q4 >> 4], axis=2).reshape(nb, QK_K)
         else:
-            qh, qs = raw[:, 16:48], raw[:, 48:].reshape(nb, 4, 32)
-            low = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(nb, 8, 32)
-            high = (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
-            codes = (low | (high << 4)).reshape(nb, QK_K)
-        return codes.astype(np.uint8), scale, np.zeros((nb, 8), np.uint8), shift
+            qh5, qs5 = raw[:, 16:48], raw[:, 48:].reshape(nb, 4, 32)
+            low5 = np.stack([qs5 & 0x0F, qs5 >> 4], axis=2).reshape(nb, 8, 32)
+            high5 = (qh5[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
+            kc = (low5 | (high5 << 4)).reshape(nb, QK_K)
+        return kc.astype(np.uint8), scale, np.zeros((nb, 8), np.uint8), shift
     if kind == "Q6_K":  # 16 sub-blocks of 16: d * scales * (q - 32)
-        ql, qh = raw[:, :128], raw[:, 128:192]
+        ql, qh6 = raw[:, :128], raw[:, 128:192]
         scales = raw[:, 192:208].view(np.int8).astype(np.float32)
         d = _f16(raw[:, 208:210])
         # per half of 128: values 0..31, 32..63 are the low nibbles of ql bytes 0..31, 32..63;
         # 64..95, 96..127 their high nibbles; qh byte l holds the top 2 bits of all four
         ql2 = ql.reshape(nb, 2, 2, 32)  # [half, byte chunk, 32]
-        low = np.stack([ql2 & 0x0F, ql2 >> 4], axis=2).reshape(nb, 2, 4, 32)
+        low6 = np.stack([ql2 & 0x0F, ql2 >> 4], axis=2).reshape(nb, 2, 4, 32)
         shifts = (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]
-        high = (qh.reshape(nb, 2, 1, 32) >> shifts) & 3
-        codes = (low | (high << 4)).reshape(nb, QK_K).astype(np.uint8)
+        high6 = (qh6.reshape(nb, 2, 1, 32) >> shifts) & 3
+        six = (low6 | (high6 << 4)).reshape(nb, QK_K).astype(np.int16)
         # a negative sub-block scale flips the codes around the zero point 32 (exact)
         flip = np.repeat(scales < 0, 16, axis=1)
-        codes = np.where(flip, 64 - codes.astype(np.int16), codes).astype(np.uint8)
-        return codes, d * np.abs(scales), np.full((nb, 16), 32, np.uint8), None
+        flipped = np.where(flip, 64 - six, six).astype(np.uint8)
+        return flipped, d * np.abs(scales), np.full((nb, 16), 32, np.uint8), None
     raise KeyError(kind)
 
 

@@ -143,7 +143,7 @@ def export_pair(
     options = dataclasses.replace(options, attention=attention)
     if options.engines and attention != "plain":
         raise ExportError("TensorRT engines need plain graphs", "drop --attention gqa")
-    quantized = {options.precision, options.draft_precision} & set(QUANTIZED)
+    quantized = {p for p in (options.precision, options.draft_precision) if p in QUANTIZED}
     if quantized and (attention == "plain" and options.engines):
         raise ExportError(
             f"{'/'.join(sorted(quantized))} graphs use ONNX Runtime's MatMulNBits, which TensorRT "
