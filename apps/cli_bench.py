@@ -34,10 +34,13 @@ def _csv(text: str, kind: type = str, option: str = "") -> tuple[Any, ...]:
 @click.option("--prompts", "prompts_per_workload", type=int, default=3, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True)
 @click.option("--temperatures", default="0.7,1.0", show_default=True, help="'' skips sampling.")
-@click.option("--peers", default="hf,genai", show_default=True, help="'' skips peers.")
+@click.option("--peers", default="hf,genai,llama.cpp", show_default=True, help="'' skips peers.")
 @click.option("--hf-source", default=None, help="Model for the transformers peer.")
 @click.option("--genai-python", default=None, help="Python of an onnxruntime-genai venv.")
 @click.option("--genai-models", default=None, help="Folder from scripts/setup_genai.sh.")
+@click.option(
+    "--llama-server", default=None, help="llama.cpp's llama-server (scripts/setup_llamacpp.sh)."
+)
 @click.option("--threads", type=int, default=None)
 @click.option("--quick", is_flag=True, help="1 prompt per workload, K 1-4, 2 repeats, no peers.")
 @click.option(
@@ -69,6 +72,7 @@ def bench(
     hf_source: str | None,
     genai_python: str | None,
     genai_models: str | None,
+    llama_server: str | None,
     threads: int | None,
     quick: bool,
     concurrency: str | None,
@@ -113,6 +117,7 @@ def bench(
         hf_source=hf_source,
         genai_python=genai_python,
         genai_models=genai_models,
+        llama_server=llama_server,
         threads=threads,
     )
     thread_pool(threads)

@@ -216,7 +216,12 @@ def _peer_lines(results: dict[str, Any]) -> list[str]:
                 if mine
                 else ""
             )
-            lines.append(f"{peer} {variant:<16}{r['tokens_per_s']:>7.1f} tok/s   {ratio}")
+            extra = ""
+            if r.get("decode_tokens_per_s"):
+                extra += f" (decode {r['decode_tokens_per_s']:.1f})"
+            if r.get("acceptance") is not None:
+                extra += f", acceptance {r['acceptance']:.2f}"
+            lines.append(f"{peer} {variant:<16}{r['tokens_per_s']:>7.1f} tok/s{extra}   {ratio}")
     return lines
 
 

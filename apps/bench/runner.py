@@ -39,6 +39,9 @@ from specx.runtime.settings import MAX_K
 Progress = Callable[[str], None]
 
 
+PEERS = ("hf", "genai", "llama.cpp")
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     artifact: Path
@@ -54,10 +57,11 @@ class BenchConfig:
     verifications: tuple[str, ...] = VERIFICATIONS  # how sampled drafts are checked
     contexts: tuple[int, ...] = (64, 256, 1024, 2048)
     micro_repeats: int = 15
-    peers: tuple[str, ...] = ("hf", "genai")
+    peers: tuple[str, ...] = ("hf", "genai", "llama.cpp")
     hf_source: str | None = None  # default: the target's source in the manifest
     genai_python: str | None = None  # a python with onnxruntime-genai (separate venv)
     genai_models: str | None = None  # folder with target-fp32/ and draft-int4/ built by GenAI
+    llama_server: str | None = None  # llama.cpp's llama-server (scripts/setup_llamacpp.sh)
     threads: int | None = None
 
     def __post_init__(self) -> None:
@@ -76,6 +80,11 @@ class BenchConfig:
                 "greedy decoding is always measured; '' skips sampling",
             )
         check_threads(self.threads)
+        unknown = [p for p in self.peers if p not in PEERS]
+        if unknown:
+            raise InputError(
+                f"--peers: unknown peer {unknown[0]!r}", f"choose from {', '.join(PEERS)}"
+            )
 
 
 def load_workloads(path: Path | None = None) -> dict[str, Any]:
@@ -481,6 +490,25 @@ def _run_peers(
         from specx.apps.bench.genai_peer import genai_peer
 
         peers["genai"] = genai_peer(cfg, all_prompts, progress)
+    if "llama.cpp" in cfg.peers:
+        from specx.apps.bench.llamacpp_peer import llamacpp_peer
+
+        target = pipe.manifest.target.source
+        drafts = [
+            d.source
+            for d in pipe.manifest.drafts
+            if d.source.endswith(".gguf") and d.source != target and d.head is None
+        ]
+        peers["llama.cpp"] = llamacpp_peer(
+            cfg.llama_server,
+            target,
+            drafts[0] if drafts else None,
+            all_prompts,
+            cfg.max_new_tokens,
+            cfg.repeats,
+            cfg.threads or os.cpu_count(),
+            progress,
+        )
     return peers
 
 

@@ -70,6 +70,41 @@ def graph_weights(graph: Path) -> list[np.ndarray]:
     return out
 
 
+def graph_embedding(graph: Path) -> np.ndarray:
+    """The embedding table [V, H] a graph gathers from (GatherBlockQuantized, with the shift
+    the exporter adds for formats that keep block minimums)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(graph))
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    (node,) = [n for n in model.graph.node if n.op_type == "GatherBlockQuantized"]
+    attrs = {a.name: a.i for a in node.attribute}
+    data, scales, zp = inits[node.input[0]], inits[node.input[2]], inits[node.input[3]]
+    v, nb = scales.shape
+    block = attrs["block_size"]
+    if attrs["bits"] == 4:
+        codes = np.stack([data & 0x0F, data >> 4], axis=-1).reshape(v, -1)
+        zero = np.stack([zp & 0x0F, zp >> 4], axis=-1).reshape(v, -1)[:, :nb]
+    else:
+        codes, zero = data, zp
+    steps = codes.reshape(v, nb, block).astype(np.float32) - zero[..., None]
+    table = steps * scales[..., None]
+    if "nbits.embedding.shift" in inits:
+        table += inits["nbits.embedding.shift"][..., None]
+    return table.reshape(v, -1)
+
+
+def loaded_embedding(path: Path) -> np.ndarray:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    return model.get_input_embeddings().weight.detach().numpy()
+
+
 def loaded_weights(path: Path) -> list[np.ndarray]:
     """The linear weights [out, in] transformers reads from a GGUF file (head included)."""
     import torch
@@ -146,6 +181,9 @@ def test_an_int4_export_carries_every_gguf_block_and_computes_with_the_files_wei
         kinds = set(weights["carried"])
         assert {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"} <= kinds
         assert_same_weights(graph_weights(folder / spec["graph"]), loaded_weights(file))
+        want = loaded_embedding(file)
+        got = graph_embedding(folder / spec["graph"])
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * np.abs(want).max())
         calibration = spec["parity"]["calibration"]
         assert calibration["argmax_agreement"] > 0.95  # fp32 compute: only summation order
         assert calibration["passes_parted"] == 0
@@ -173,6 +211,8 @@ def test_the_same_model_requantized_from_floats_does_not_match_the_files_weights
     assert manifest["target"]["parity"]["weights"]["carried"] == {}
     with pytest.raises(AssertionError, match="no graph weight equals"):
         assert_same_weights(graph_weights(out / "target.onnx"), loaded_weights(path))
+    gap = np.abs(graph_embedding(out / "target.onnx") - loaded_embedding(path)).max()
+    assert gap > 1e-4
 
 
 @pytest.mark.parametrize("k", [1, 3, 6])
@@ -225,5 +265,5 @@ def test_an_int8_export_of_a_float_folder_requantizes_in_8_bits(tmp_path: Path) 
     export_pair(str(folder), [], out, ExportOptions(max_length=64, precision="int8"), quiet)
     spec = json.loads((out / "manifest.json").read_text())["target"]
     assert spec["variant"] == "int8"
-    assert set(spec["parity"]["weights"]["matmuls_by_bits"]) == {"8-bit"}
+    assert set(spec["parity"]["weights"]["tensors_by_bits"]) == {"8-bit", "8-bit embedding"}
     assert spec["parity"]["calibration"]["argmax_agreement"] > 0.9
