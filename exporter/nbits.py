@@ -22,9 +22,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+from onnx import TensorProto
+from onnx.helper import tensor_dtype_to_np_dtype as helper_dtype
 
 from .blocks import Blocks, quantize_float
 from .gguf_source import GgufBlocks
@@ -99,8 +102,10 @@ class _Rewriter:
         index: dict[tuple[Any, ...], str],
         accuracy: int,
         embedding: tuple[Any, ...] | None = None,
+        base: Path | None = None,
     ) -> None:
         self.embedding = embedding  # the input embedding's fingerprint
+        self.base = base  # where weights stored beside the graph lie
         self.bits, self.gguf, self.vocab, self.index = bits, gguf, vocab, index
         self.accuracy = accuracy
         self.graph = model.graph
@@ -230,16 +235,36 @@ class _Rewriter:
             ]
         return nodes
 
+    def array(self, name: str) -> np.ndarray:
+        """An initializer's values, read from beside the graph where they lie there."""
+        from onnx import numpy_helper
+
+        tensor = self.inits[name]
+        if tensor.data_location != TensorProto.EXTERNAL:
+            return np.asarray(numpy_helper.to_array(tensor))
+        info = {e.key: e.value for e in tensor.external_data}
+        dtype = helper_dtype(tensor.data_type)
+        count = int(np.prod(tensor.dims)) if len(tensor.dims) else 1
+        assert self.base is not None
+        with open(self.base / info["location"], "rb") as f:
+            f.seek(int(info.get("offset", 0)))
+            data = np.fromfile(f, dtype=dtype, count=count)
+        return data.reshape(tuple(tensor.dims))
+
+    def drop(self, name: str) -> None:
+        """Forget an initializer no node reads any more (its float copy leaves memory now)."""
+        self.uses[name] -= 1
+        if self.uses[name] == 0:
+            self.graph.initializer.remove(self.inits.pop(name))
+
     def is_embedding(self, node: Any) -> bool:
         if node.op_type != "Gather" or node.input[0] not in self.inits or self.embedding is None:
             return False
         dims = list(self.inits[node.input[0]].dims)
         if len(dims) != 2 or (dims[0], dims[1]) != self.embedding[:2] or dims[1] % BLOCK:
             return False
-        from onnx import numpy_helper
-
-        table = numpy_helper.to_array(self.inits[node.input[0]])
-        return _fingerprint(*dims, table[0, :4], table[-1, -4:]) == self.embedding
+        table = self.array(node.input[0])
+        return _fingerprint(dims[0], dims[1], table[0, :4], table[-1, -4:]) == self.embedding
 
     def weight_of(self, node: Any) -> tuple[str, bool] | None:
         """(initializer, stored transposed) of a node multiplying by a 2-D weight, else None."""
@@ -257,27 +282,27 @@ class _Rewriter:
         return (name, transposed) if len(self.inits[name].dims) == 2 else None
 
     def run(self) -> QuantReport:
-        from onnx import numpy_helper
-
+        self.uses = Counter(i for n in self.graph.node for i in n.input if i in self.inits)
         nodes: list[Any] = []
-        for node in self.graph.node:
+        for node in list(self.graph.node):
             if self.is_embedding(node):
-                table = numpy_helper.to_array(self.inits[node.input[0]]).astype(np.float32)
+                table = self.array(node.input[0]).astype(np.float32)
                 nodes.extend(self.replace_gather(node, table))
+                del table
+                self.drop(node.input[0])
                 continue
             found = self.weight_of(node)
             if found is None:
                 nodes.append(node)
                 continue
-            array = numpy_helper.to_array(self.inits[found[0]])
+            array = self.array(found[0])
             wt = np.ascontiguousarray(array.T if found[1] else array, dtype=np.float32)
             del array
             nodes.extend(self.replace(node, wt))
+            del wt
+            self.drop(found[0])
         del self.graph.node[:]
         self.graph.node.extend(nodes)
-        used = {i for n in nodes for i in n.input}
-        for name in [n for n in self.inits if n not in used]:
-            self.graph.initializer.remove(self.inits.pop(name))
         return self.report
 
 
@@ -288,13 +313,16 @@ def quantize_graph(
     torch_model: Any,
     gguf: GgufBlocks | None,
     compute: str = "int8",
+    base: Path | None = None,
 ) -> QuantReport:
     """Rewrite `model` (onnx ModelProto, traced float32) in place: MatMuls on weights become
-    MatMulNBits of `bits` bits (see the module docstring). torch_model names the weights."""
+    MatMulNBits of `bits` bits (see the module docstring). torch_model names the weights; base:
+    the folder of weights stored beside the graph (read one at a time), if any."""
     index = parameter_index(torch_model)
     e = torch_model.get_input_embeddings().weight.detach()
     embedding = _fingerprint(e.shape[0], e.shape[1], e[0, :4].numpy(), e[-1, -4:].numpy())
-    report = _Rewriter(model, bits, gguf, vocab, index, COMPUTE[compute], embedding).run()
+    rewriter = _Rewriter(model, bits, gguf, vocab, index, COMPUTE[compute], embedding, base)
+    report = rewriter.run()
     report.compute = compute
     if "com.microsoft" not in {o.domain for o in model.opset_import}:
         entry = model.opset_import.add()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from specx.runtime.errors import ExportError
 
 from .gguf_source import open_gguf
 from .load import Log, SourceModel, model_vocab_size
-from .nbits import QUANTIZED, quantize_graph
+from .nbits import QUANTIZED, QuantReport, quantize_graph
 from .wrap import LATER_OPSET, LATER_OPSET_DOMAIN, make_graph_module, uses_position_ids
 
 # Graphs larger than this keep their weights in a side file (protobuf's 2 GB limit).
@@ -166,9 +167,14 @@ def trace_graph(
     custom_opsets: dict[str, int] | None,
     failure: str,
     fix: str,
+    transform: Callable[[Any, Path], None] | None = None,
 ) -> Any:
     """Trace `module` on `args` with the contract's names and dynamic axes (TorchScript exporter,
-    in the scratch folder `raw`, removed afterwards); the loaded ONNX model."""
+    in the scratch folder `raw`, removed afterwards); the loaded ONNX model.
+
+    transform(model, raw): rewrites the model before its weights are read in, while those the
+    tracer wrote beside the graph still lie in `raw` (nbits.py reads each from there, one at a
+    time, so a quantized graph never holds its float32 weights in memory)."""
     import onnx
     import torch
 
@@ -191,7 +197,14 @@ def trace_graph(
             )
     except (RuntimeError, TypeError, ValueError) as e:
         raise ExportError(f"{failure}: {str(e).splitlines()[0][:300]}", fix) from e
-    model = onnx.load(str(raw_path))  # external data too: the scratch folder can go
+    if transform is None:
+        model = onnx.load(str(raw_path))  # external data too: the scratch folder can go
+    else:
+        from onnx.external_data_helper import load_external_data_for_model
+
+        model = onnx.load(str(raw_path), load_external_data=False)
+        transform(model, raw)
+        load_external_data_for_model(model, str(raw))  # what the transform kept
     for f in raw.iterdir():
         f.unlink()
     raw.rmdir()
@@ -305,6 +318,16 @@ def export_graph(
         f"{precision}) to ONNX opset {LATER_OPSET if attention == 'batched' else opset}"
     )
     t0 = time.perf_counter()
+    reports: list[QuantReport] = []
+
+    def quantize(model: Any, raw: Path) -> None:
+        t1 = time.perf_counter()
+        gguf = open_gguf(src.source, src.config)
+        bits = int(precision[3:])
+        reports.append(quantize_graph(model, bits, vocab, src.model, gguf, compute, raw))
+        took = time.perf_counter() - t1
+        log(f"  {role}: {precision} weights in {took:.1f} s; {reports[0].summary()}")
+
     model = trace_graph(
         module,
         tuple(args),
@@ -315,20 +338,15 @@ def export_graph(
         CUSTOM_OPSETS.get(attention),
         f"tracing {src.source} failed",
         "report this with the model's config.json",
+        quantize if precision in QUANTIZED else None,
     )
     trace_s = time.perf_counter() - t0
     if attention == "batched":
         raise_opset(model)
-    tied = tie_lm_head(model)
+    # a quantized graph's head is already one MatMulNBits on the stored weight
+    tied = tie_lm_head(model) if precision not in QUANTIZED else False
     stamp_io_shapes(model, inputs, outputs)
-    quantization = None
-    if precision in QUANTIZED:
-        t1 = time.perf_counter()
-        gguf = open_gguf(src.source, src.config)
-        report = quantize_graph(model, int(precision[3:]), vocab, src.model, gguf, compute)
-        quantization = report.to_json()
-        took = time.perf_counter() - t1
-        log(f"  {role}: {precision} weights in {took:.1f} s; {report.summary()}")
+    quantization = reports[0].to_json() if reports else None
     params, nbytes = weight_stats(model)
     save_graph(model, folder, graph_name, role, src.source, pair_id, max_length, nbytes)
     log(
