@@ -15,6 +15,11 @@ MIN_ONNXRUNTIME: dict[str, tuple[tuple[int, int], str]] = {
         "1.20; the op loads from 1.18",
     ),
     "com.microsoft:MatMulNBits": ((1, 22), "the int4 draft's 8-bit head (bits=8) needs 1.22"),
+    "com.microsoft:GatherBlockQuantized": (
+        (1, 32),
+        "int4/int8 graphs' embedding table (uint8 blocks with zero points): measured on 1.32 "
+        "only; older releases not yet run through scripts/ort_versions.py",
+    ),
     "ai.onnx:TensorScatter": (
         (1, 26),
         "the batched graph's TensorScatter (opset 24): 1.23 and older refuse opset 24, 1.24 has "

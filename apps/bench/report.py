@@ -76,11 +76,22 @@ def format_report(results: dict[str, Any]) -> str:
         f"machine: {m['cpu']}, {m['cores']} cores; onnxruntime "
         f"{m['versions'].get('onnxruntime')}; {m['date']}"
     )
-    lines.append(
-        f"memory bandwidth (copy, read+write) {costs['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; "
-        f"target weights {costs['target_weight_bytes'] / 1e6:.0f} MB -> decode floor "
-        f"{1e3 * costs['decode_floor_s']:.1f} ms"
-    )
+    if "read_bandwidth_bytes_per_s" in costs:
+        per_token = ", ".join(
+            f"{name} {b / 1e6:.0f} MB ({1e3 * costs['floor_s'][name]:.1f} ms)"
+            for name, b in costs["bytes_per_token"].items()
+        )
+        lines.append(
+            f"memory bandwidth: read {costs['read_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, copy "
+            f"(read+write) {costs['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; weight bytes read "
+            f"per token (decode floor at that read bandwidth): {per_token}"
+        )
+    else:  # results written before reads were measured
+        lines.append(
+            f"memory bandwidth (copy, read+write) {costs['bandwidth_bytes_per_s'] / 1e9:.1f} "
+            f"GB/s; target weights {costs['target_weight_bytes'] / 1e6:.0f} MB -> decode floor "
+            f"{1e3 * costs['decode_floor_s']:.1f} ms"
+        )
     steps = [
         per["target"]["verify_share"] / per["target"]["decode_tokens_per_s"]
         for per in results["greedy"].values()

@@ -109,6 +109,43 @@ def memory_bandwidth(megabytes: int = 256, repeats: int = 7) -> float:
     return 2 * src.nbytes / statistics.median(times)
 
 
+def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
+    """Bytes read per second by summing a large array on every core at once (what a decode
+    step's weight reads need); median of repeats."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    workers = os.cpu_count() or 1
+    parts = [np.ones(megabytes * 2**20 // 8 // workers) for _ in range(workers)]
+    times = []
+    with ThreadPoolExecutor(workers) as pool:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            list(pool.map(np.sum, parts))  # numpy reductions release the GIL
+            times.append(time.perf_counter() - t0)
+    return sum(p.nbytes for p in parts) / statistics.median(times)
+
+
+def bytes_per_token(artifact: Path, spec: Any) -> int:
+    """Weight bytes a one-token pass reads: every initializer but the tables it only gathers
+    rows from (embeddings; a gather reads one row a token)."""
+    import onnx
+
+    model = onnx.load(str(artifact / spec.graph), load_external_data=False)
+    gathered = {
+        n.input[0] for n in model.graph.node if n.op_type in ("Gather", "GatherBlockQuantized")
+    }
+    for n in model.graph.node:  # a table the head multiplies by is read in full
+        if n.op_type not in ("Gather", "GatherBlockQuantized"):
+            gathered -= set(n.input)
+    skipped = 0
+    for t in model.graph.initializer:
+        if t.name in gathered:
+            skipped += (
+                int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+            )
+    return int(spec.weight_bytes - skipped)
+
+
 def machine_info() -> dict[str, Any]:
     import onnxruntime as ort
 
@@ -311,6 +348,11 @@ def run_bench(cfg: BenchConfig, progress: Progress) -> dict[str, Any]:
     # -- model-level costs ---------------------------------------------------------------
     progress("measuring memory bandwidth and pass costs")
     bandwidth = memory_bandwidth()
+    reads = read_bandwidth()
+    per_token = {"target": bytes_per_token(cfg.artifact, pipe.manifest.target)}
+    for d in pipe.manifest.drafts:
+        if d.name in drafters and d.graph != pipe.manifest.target.graph:
+            per_token[d.name] = bytes_per_token(cfg.artifact, d)
     target = pipe.target
     widths = sorted({1, *(k + 1 for k in cfg.ks)})
     micro_past = max(0, min(128, pipe.manifest.max_length - max(widths) - 1))
@@ -319,7 +361,10 @@ def run_bench(cfg: BenchConfig, progress: Progress) -> dict[str, Any]:
     costs: dict[str, Any] = {
         "bandwidth_bytes_per_s": bandwidth,
         "target_weight_bytes": weights,
-        "decode_floor_s": weights / bandwidth,
+        "decode_floor_s": per_token["target"] / reads,
+        "read_bandwidth_bytes_per_s": reads,
+        "bytes_per_token": per_token,  # weight bytes a one-token pass reads, by model
+        "floor_s": {name: b / reads for name, b in per_token.items()},
         "target_pass_s": {str(w): t for w, t in t_pass.items()},
         "verify_ratio": {str(w - 1): t_pass[w] / t_pass[1] for w in widths},
         "draft_pass_s": {},

@@ -50,6 +50,10 @@ def test_bench_measures_every_configuration_and_writes_table_json_and_plot(
     data = json.loads((out / "results.json").read_text())
     assert {"machine", "costs", "greedy", "sampling", "peers"} <= set(data)
     assert data["costs"]["bandwidth_bytes_per_s"] > 1e8
+    assert data["costs"]["read_bandwidth_bytes_per_s"] > 1e8
+    per_token = data["costs"]["bytes_per_token"]
+    assert 0 < per_token["target"] <= data["costs"]["target_weight_bytes"]
+    assert set(per_token) == {"target", "mixed"}
     assert set(data["costs"]["decode_step_by_context_s"]) == {"64", "126"}  # capped at the cache
     for workload in ("chat", "code"):
         rows = data["greedy"][workload]
@@ -205,3 +209,32 @@ def test_a_concurrency_cells_tokens_per_second_is_its_whole_workloads_not_its_me
     assert np.isclose(off["tokens_per_s"], 320 / 3) and np.isclose(auto["tokens_per_s"], 320 / 3)
     assert np.isclose(auto["x_alone"], 320 / 3 / 64)
     assert (off["tokens_per_s_median_run"], auto["tokens_per_s_median_run"]) == (128.0, 96.0)
+
+
+def test_an_unknown_peer_is_refused_with_exit_2(llama_pair: TinyPair) -> None:
+    result = CliRunner().invoke(main, ["bench", str(llama_pair.artifact), "--peers", "vllm"])
+    assert result.exit_code == 2
+    assert "unknown peer 'vllm'" in result.output and "llama.cpp" in result.output
+
+
+def test_the_llama_cpp_peer_says_why_it_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specx.apps.bench import llamacpp_peer as peer
+    from specx.apps.bench.llamacpp_peer import llamacpp_peer
+
+    monkeypatch.setattr(peer, "DEFAULT_SERVER", tmp_path / "absent")
+    monkeypatch.delenv("SPECX_LLAMA_SERVER", raising=False)
+    prompts = [np.array([1, 2, 3])]
+    missing = llamacpp_peer(str(tmp_path / "none"), "x.gguf", None, prompts, 8, 1, 2, print)
+    assert "setup_llamacpp.sh" in missing["skipped"]
+    fake = tmp_path / "llama-server"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    folder = tmp_path / "model"
+    not_gguf = llamacpp_peer(str(fake), str(folder), None, prompts, 8, 1, 2, print)
+    assert "no GGUF file" in not_gguf["skipped"]
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    failed = llamacpp_peer(str(fake), str(gguf), None, prompts, 8, 1, 2, print)
+    assert "exited" in failed["target"]["error"]
