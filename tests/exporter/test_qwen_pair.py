@@ -1,0 +1,71 @@
+"""The real small-to-large pair: Qwen2.5-Coder-0.5B-Instruct drafting for -1.5B-Instruct, int4.
+
+Runs when SPECX_QWEN_TARGET and SPECX_QWEN_DRAFT point at the GGUF files (scripts/test.sh fetches
+them with scripts/fetch_qwen_coder.sh unless SPECX_SKIP_QWEN=1); SPECX_QWEN_ARTIFACT reuses an
+int4 export made earlier instead of exporting (about 8 minutes and 16 GB here). Checks that the
+export carried every quantized tensor of both files, that its one-token and multi-token passes
+agree bit for bit, and that greedy speculation equals the int4 target alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import needs_exporter
+from specx.runtime import Pipeline
+
+TARGET = os.environ.get("SPECX_QWEN_TARGET", "")
+DRAFT = os.environ.get("SPECX_QWEN_DRAFT", "")
+ARTIFACT = os.environ.get("SPECX_QWEN_ARTIFACT", "")
+pytestmark = [
+    needs_exporter,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        bool(os.environ.get("SPECX_SKIP_QWEN"))
+        or not (Path(ARTIFACT, "manifest.json").is_file() or Path(TARGET).is_file()),
+        reason="SPECX_SKIP_QWEN is set, or no Qwen pair (SPECX_QWEN_TARGET/DRAFT)",
+    ),
+]
+PROMPTS = (
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Explain in two sentences what a hash map is.",
+)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: Any) -> Path:
+    if Path(ARTIFACT, "manifest.json").is_file():
+        return Path(ARTIFACT)
+    from specx.exporter import ExportOptions, export_pair
+
+    out = tmp_path_factory.mktemp("qwen") / "artifact"
+    export_pair(TARGET, [DRAFT], out, ExportOptions(max_length=1024, precision="int4"), log=print)
+    return out
+
+
+def test_the_int4_pair_carries_every_gguf_tensor_and_its_passes_agree(pair: Path) -> None:
+    manifest = json.loads((pair / "manifest.json").read_text())
+    for spec in (manifest["target"], *manifest["drafts"]):
+        assert spec["variant"] == "int4" and spec["attention"] == "plain"
+        weights = spec["parity"]["weights"]
+        assert weights["requantized"] == {} and sum(weights["carried"].values()) > 150
+        calibration = spec["parity"]["calibration"]
+        assert calibration["passes_parted"] == 0
+        assert calibration["passes_max_abs_logit_diff"] == 0.0
+        assert calibration["argmax_agreement"] >= 0.9
+    assert set(manifest["target"]["parity"]["weights"]["carried"]) == {"Q4_K", "Q6_K"}
+
+
+def test_greedy_speculation_on_the_int4_pair_equals_its_target_alone(pair: Path) -> None:
+    pipe = Pipeline.load(pair)
+    for prompt in PROMPTS:
+        alone = pipe.generate(prompt, chat=True, max_new_tokens=48, k=0)
+        for k in (4, "auto"):
+            spec = pipe.generate(prompt, chat=True, max_new_tokens=48, k=k, drafter="draft")
+            assert spec.token_ids == alone.token_ids, (prompt, k)
+            assert spec.stats.new_tokens / spec.stats.target_passes > 1.5
