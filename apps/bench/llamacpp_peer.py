@@ -134,7 +134,7 @@ def llamacpp_peer(
         for n_max in DRAFT_N_MAX:
             spec = ["-md", draft_gguf, "--spec-type", "draft-simple"]
             spec += ["--spec-draft-n-max", str(n_max), "--spec-draft-n-min", "0"]
-            spec += ["-cd", context, "-ngld", "0"]
+            spec += ["-ngld", "0"]
             if threads:
                 spec += ["-td", str(threads), "-tbd", str(threads)]
             modes.append((f"draft n-max {n_max}", spec))
