@@ -45,6 +45,22 @@ def _model(manifest: Manifest, spec: ModelSpec) -> dict[str, Any]:
         # a target's features output (the hidden states a feature draft reads), a head's record
         "feature_layers": list(spec.feature_layers),
         "head": spec.head.to_json() if spec.head is not None else None,
+        # int4/int8 graphs: where their blocks came from and how they compare with float32
+        "quantization": _quantization(spec),
+    }
+
+
+def _quantization(spec: ModelSpec) -> dict[str, Any] | None:
+    weights, calibration = spec.parity.get("weights"), spec.parity.get("calibration")
+    if not isinstance(weights, dict) or not isinstance(calibration, dict):
+        return None
+    keys = ("argmax_agreement", "max_abs_logit_diff", "passes_parted", "passes_max_abs_logit_diff")
+    return {
+        "carried_from_gguf": weights.get("carried", {}),
+        "requantized": len(weights.get("requantized", {})),
+        "compute": weights.get("compute"),
+        "calibration_tokens": calibration.get("tokens"),
+        **{k: calibration.get(k) for k in keys},
     }
 
 

@@ -242,6 +242,12 @@ def test_info_states_each_models_precision(int4_pair: Path) -> None:
     assert result.exit_code == 0, result.output
     facts = json.loads(result.output)
     assert {m["variant"] for m in facts["models"]} == {"int4"}
+    for m in facts["models"]:
+        q = m["quantization"]
+        assert q["requantized"] == 0 and q["compute"] == "fp32" and q["passes_parted"] == 0
+        assert (
+            sum(q["carried_from_gguf"].values()) == 16
+        )  # 14 + head + embedding and q["argmax_agreement"] > 0.95
     text = CliRunner().invoke(main, ["info", str(int4_pair)]).output
     assert "int4" in text and "GGUF blocks carried" in text
 
