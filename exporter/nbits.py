@@ -9,8 +9,8 @@ soon as its blocks are in). Each weight's blocks come, in this order of preferen
    the LM head (its rounding moves every logit; llama.cpp's Q4_K_M files keep it in 6 bits).
 
 Formats whose blocks keep a minimum (Q4_1, Q5_1, Q4_K, Q5_K) add `blocksum(x) @ shift^T` to the
-product, as two small MatMuls: x [.., K] @ P [K, K/block] (ones on each block) gives the block
-sums, shared by every weight that reads the same x, then @ shift^T [K/block, N].
+product: the block sums of x [.., K] (a Reshape to [.., K/block, block] and a ReduceSum, once
+for every weight that reads the same x), times shift^T [K/block, N].
 
 The embedding table (a Gather reads one row a token: memory, not bandwidth) becomes ONNX
 Runtime's GatherBlockQuantized on the same kind of blocks (the file's, else 8-bit), plus the
@@ -111,7 +111,6 @@ class _Rewriter:
         self.graph = model.graph
         self.inits = {t.name: t for t in self.graph.initializer}
         self.block_sums: dict[tuple[str, int], str] = {}  # (input, block) -> its block sums
-        self.ones: dict[tuple[int, int], str] = {}  # (K, block) -> P's initializer
         self.report = QuantReport()
         self.count = 0
 
@@ -136,20 +135,27 @@ class _Rewriter:
             raise ValueError(f"{name}: {wt.shape[1]} inputs are no multiple of {BLOCK}")
         return quantize_float(wt, HEAD_BITS if head else self.bits, BLOCK)
 
-    def block_sum(self, x: str, k: int, block: int) -> tuple[str, list[Any]]:
-        """x [.., K] -> its block sums [.., K / block] (the name, and the node if new)."""
+    def block_sum(self, x: str, block: int, rank: int) -> tuple[str, list[Any]]:
+        """x [.., K] (of `rank` dims) -> its block sums [.., K / block] (the name, and the nodes
+        if new): a Reshape to [.., K / block, block] and a ReduceSum, reading x alone."""
         from onnx import helper
 
         key = (x, block)
         if key in self.block_sums:
             return self.block_sums[key], []
-        if (k, block) not in self.ones:
-            ones = np.zeros((k, k // block), np.float32)  # [K, K / block]
-            ones[np.arange(k), np.arange(k) // block] = 1.0
-            self.ones[(k, block)] = self.add_init(ones, f"nbits.blocksum.{k}.{block}")
+        shape = self.add_init(
+            np.array([0] * (rank - 1) + [-1, block], np.int64), f"nbits.blocks.{x}.{block}"
+        )
+        if "nbits.last_axis" not in self.inits:
+            self.add_init(np.array([-1], np.int64), "nbits.last_axis")
         out = f"nbits.blocksum.{len(self.block_sums)}"
         self.block_sums[key] = out
-        return out, [helper.make_node("MatMul", [x, self.ones[(k, block)]], [out], name=out)]
+        return out, [
+            helper.make_node("Reshape", [x, shape], [f"{out}.blocks"], name=f"{out}.reshape"),
+            helper.make_node(
+                "ReduceSum", [f"{out}.blocks", "nbits.last_axis"], [out], keepdims=0, name=out
+            ),
+        ]
 
     def replace(self, node: Any, wt: np.ndarray) -> list[Any]:
         """Nodes computing node's output from its input x with wt [N, K] as MatMulNBits (and the
@@ -186,7 +192,9 @@ class _Rewriter:
         ]
         if blocks.shift is not None:
             shift_t = self.add_init(np.ascontiguousarray(blocks.shift.T), f"{tag}.shift")
-            sums, new = self.block_sum(x, k, blocks.block)
+            # body inputs are [batch, seq, K]; the head runs on a 2-D view (wrap.lm_head_logits)
+            rank = 2 if node.op_type == "Gemm" or n == self.vocab else 3
+            sums, new = self.block_sum(x, blocks.block, rank)
             nodes = new + nodes
             nodes.append(helper.make_node("MatMul", [sums, shift_t], [f"{tag}.shifted"]))
             nodes.append(helper.make_node("Add", [out, f"{tag}.shifted"], [node.output[0]]))
@@ -227,11 +235,19 @@ class _Rewriter:
             joined = self.add_init(np.array([0, 0, h], np.int64), f"{tag}.joined")
             axes = self.add_init(np.array([-1], np.int64), f"{tag}.axes")
             nodes += [
-                helper.make_node("Gather", [shift, node.input[1]], [f"{tag}.shifts"]),
-                helper.make_node("Unsqueeze", [f"{tag}.shifts", axes], [f"{tag}.shifts1"]),
-                helper.make_node("Reshape", [out, split], [f"{tag}.blocks"]),
-                helper.make_node("Add", [f"{tag}.blocks", f"{tag}.shifts1"], [f"{tag}.sum"]),
-                helper.make_node("Reshape", [f"{tag}.sum", joined], [node.output[0]]),
+                helper.make_node(
+                    "Gather", [shift, node.input[1]], [f"{tag}.shifts"], name=f"{tag}.g"
+                ),
+                helper.make_node(
+                    "Unsqueeze", [f"{tag}.shifts", axes], [f"{tag}.shifts1"], name=f"{tag}.u"
+                ),
+                helper.make_node("Reshape", [out, split], [f"{tag}.blocks"], name=f"{tag}.r1"),
+                helper.make_node(
+                    "Add", [f"{tag}.blocks", f"{tag}.shifts1"], [f"{tag}.sum"], name=f"{tag}.a"
+                ),
+                helper.make_node(
+                    "Reshape", [f"{tag}.sum", joined], [node.output[0]], name=f"{tag}.r2"
+                ),
             ]
         return nodes
 
@@ -323,6 +339,9 @@ def quantize_graph(
     embedding = _fingerprint(e.shape[0], e.shape[1], e[0, :4].numpy(), e[-1, -4:].numpy())
     rewriter = _Rewriter(model, bits, gguf, vocab, index, COMPUTE[compute], embedding, base)
     report = rewriter.run()
+    # the tracer's intermediate shapes (some stale, e.g. rank 0) would contradict the new
+    # Reshapes; ONNX Runtime infers them again
+    del model.graph.value_info[:]
     report.compute = compute
     if "com.microsoft" not in {o.domain for o in model.opset_import}:
         entry = model.opset_import.add()
