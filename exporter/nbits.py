@@ -92,6 +92,15 @@ def _weight_name(index: dict[tuple[Any, ...], str], wt: np.ndarray) -> str | Non
     return index.get(_fingerprint(wt.shape[0], wt.shape[1], wt[0, :4], wt[-1, -4:]))
 
 
+def _contrib(op: str, inputs: list[str], out: str, name: str, **attrs: int) -> Any:
+    """A node of ONNX Runtime's contrib domain (com.microsoft)."""
+    from onnx import helper
+
+    node = helper.make_node(op, inputs, [out], name=name, domain="com.microsoft")
+    node.attribute.extend(helper.make_attribute(key, value) for key, value in attrs.items())
+    return node
+
+
 class _Rewriter:
     def __init__(
         self,
@@ -176,18 +185,10 @@ class _Rewriter:
             self.add_init(zp, f"{tag}.zero_points"),
         ]
         out = node.output[0] if blocks.shift is None else f"{tag}.product"
+        attrs = dict(K=k, N=n, bits=blocks.bits, block_size=blocks.block)
         nodes = [
-            helper.make_node(
-                "MatMulNBits",
-                inputs,
-                [out],
-                name=node.name or tag,
-                domain="com.microsoft",
-                K=k,
-                N=n,
-                bits=blocks.bits,
-                block_size=blocks.block,
-                accuracy_level=self.accuracy,
+            _contrib(
+                "MatMulNBits", inputs, out, node.name or tag, accuracy_level=self.accuracy, **attrs
             )
         ]
         if blocks.shift is not None:
@@ -216,19 +217,8 @@ class _Rewriter:
             self.add_init(zp.reshape(v, -1), f"{tag}.zero_points"),
         ]
         out = node.output[0] if blocks.shift is None else f"{tag}.rows"
-        nodes = [
-            helper.make_node(
-                "GatherBlockQuantized",
-                inputs,
-                [out],
-                name=node.name or tag,
-                domain="com.microsoft",
-                gather_axis=0,
-                quantize_axis=1,
-                block_size=blocks.block,
-                bits=blocks.bits,
-            )
-        ]
+        attrs = dict(gather_axis=0, quantize_axis=1, block_size=blocks.block, bits=blocks.bits)
+        nodes = [_contrib("GatherBlockQuantized", inputs, out, node.name or tag, **attrs)]
         if blocks.shift is not None:  # rows [b, s, H] + their shifts, broadcast over blocks
             shift = self.add_init(blocks.shift, f"{tag}.shift")  # [V, H / block]
             split = self.add_init(np.array([0, 0, -1, blocks.block], np.int64), f"{tag}.split")
