@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from specx.apps.bench.floor import bytes_per_token, memory_bandwidth, read_bandwidth
 from specx.runtime import GenerationSettings, Pipeline, SamplingParams
 from specx.runtime.backends import GraphSession
 from specx.runtime.backends.providers import check_threads
@@ -95,55 +96,6 @@ def load_workloads(path: Path | None = None) -> dict[str, Any]:
     else:
         text = path.read_text("utf-8")
     return dict(json.loads(text)["workloads"])
-
-
-def memory_bandwidth(megabytes: int = 256, repeats: int = 7) -> float:
-    """Bytes moved per second (read + write) by a large numpy copy; median of repeats."""
-    src = np.ones(megabytes * 2**20 // 8, dtype=np.float64)
-    dst = np.empty_like(src)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - t0)
-    return 2 * src.nbytes / statistics.median(times)
-
-
-def read_bandwidth(megabytes: int = 512, repeats: int = 5) -> float:
-    """Bytes read per second by summing a large array on every core at once (what a decode
-    step's weight reads need); median of repeats."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    workers = os.cpu_count() or 1
-    parts = [np.ones(megabytes * 2**20 // 8 // workers) for _ in range(workers)]
-    times = []
-    with ThreadPoolExecutor(workers) as pool:
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            list(pool.map(np.sum, parts))  # numpy reductions release the GIL
-            times.append(time.perf_counter() - t0)
-    return sum(p.nbytes for p in parts) / statistics.median(times)
-
-
-def bytes_per_token(artifact: Path, spec: Any) -> int:
-    """Weight bytes a one-token pass reads: every initializer but the tables it only gathers
-    rows from (embeddings; a gather reads one row a token)."""
-    import onnx
-
-    model = onnx.load(str(artifact / spec.graph), load_external_data=False)
-    gathered = {
-        n.input[0] for n in model.graph.node if n.op_type in ("Gather", "GatherBlockQuantized")
-    }
-    for n in model.graph.node:  # a table the head multiplies by is read in full
-        if n.op_type not in ("Gather", "GatherBlockQuantized"):
-            gathered -= set(n.input)
-    skipped = 0
-    for t in model.graph.initializer:
-        if t.name in gathered:
-            skipped += (
-                int(np.prod(t.dims)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-            )
-    return int(spec.weight_bytes - skipped)
 
 
 def machine_info() -> dict[str, Any]:
@@ -350,9 +302,9 @@ def run_bench(cfg: BenchConfig, progress: Progress) -> dict[str, Any]:
     bandwidth = memory_bandwidth()
     reads = read_bandwidth()
     per_token = {"target": bytes_per_token(cfg.artifact, pipe.manifest.target)}
-    for d in pipe.manifest.drafts:
-        if d.name in drafters and d.graph != pipe.manifest.target.graph:
-            per_token[d.name] = bytes_per_token(cfg.artifact, d)
+    for model in pipe.manifest.drafts:
+        if model.name in drafters and model.graph != pipe.manifest.target.graph:
+            per_token[model.name] = bytes_per_token(cfg.artifact, model)
     target = pipe.target
     widths = sorted({1, *(k + 1 for k in cfg.ks)})
     micro_past = max(0, min(128, pipe.manifest.max_length - max(widths) - 1))
