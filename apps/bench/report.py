@@ -236,6 +236,18 @@ def _peer_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _peer_ratios(results: dict[str, Any]) -> list[tuple[str, float]]:
+    """(peer and mode, its tokens/s over specx's target alone), both pooled over every workload
+    with prefill: the peers' lines in the plot."""
+    target = specx_overall(results, "target")
+    out = []
+    for peer, data in results.get("peers", {}).items():
+        for mode, r in data.items() if isinstance(data, dict) else ():
+            if isinstance(r, dict) and r.get("tokens_per_s") and target:
+                out.append((f"{peer} {mode}", float(r["tokens_per_s"]) / target))
+    return out
+
+
 def plot(results: dict[str, Any], path: Path) -> Path | None:
     try:
         import matplotlib
@@ -269,7 +281,11 @@ def plot(results: dict[str, Any], path: Path) -> Path | None:
                     color=axes[row][0].lines[-1].get_color(),
                 )
         axes[row][0].axhline(1.0, color="grey", linewidth=1)
-        axes[row][0].set_title(f"{workload}: speedup vs target alone (dotted: K=auto)")
+        for i, (label, ratio) in enumerate(_peer_ratios(results)):
+            axes[row][0].axhline(ratio, linestyle="--", linewidth=1, label=label, color=f"C{i + 3}")
+        axes[row][0].set_title(
+            f"{workload}: vs target alone (dotted: K=auto; dashed: peers)", fontsize=9
+        )
         axes[row][1].set_title(f"{workload}: acceptance rate")
         for ax in axes[row]:
             ax.set_xlabel("K")
