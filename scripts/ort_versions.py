@@ -5,11 +5,12 @@ against specx's own token ids.
     .venv/bin/python scripts/ort_versions.py [VERSION ...]    (default: 1.16.3 .. 1.20.1)
 
 Builds tiny Llama artifacts in a temporary folder: a gqa fp32 target with int8 and int4 drafts,
-and a plain fp32 target. For each version it makes a venv ($TMPDIR/specx-ort-VERSION) with
-onnxruntime==VERSION, numpy and tokenizers from PyPI, runs the consumer there on every graph
-(greedy, 24 tokens, the target alone and each draft at K=3), and compares the token ids with
-specx's. Prints the operators each graph kind uses and a table: version x graph kind -> ok, or
-the first line of the error.
+and a plain fp32 target; and a tiny Qwen2 GGUF pair exported with --precision int4 (MatMulNBits
+carrying every block type, GatherBlockQuantized). For each version it makes a venv
+($TMPDIR/specx-ort-VERSION) with onnxruntime==VERSION, numpy and tokenizers from PyPI, runs the
+consumer there on every graph (greedy, 24 tokens, the target alone and each draft at K=3), and
+compares the token ids with specx's. Prints the operators each graph kind uses and a table:
+version x graph kind -> ok, or the first line of the error.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 VERSIONS = (
     "1.16.3",
     "1.17.3",
@@ -68,6 +70,12 @@ def build(root: Path) -> dict[str, tuple[Path, str, int]]:
     gsrc = tiny_models.save(gemma, tok, root / "g")
     window = ExportOptions(max_length=128)
     export_pair(str(gsrc), [f"self={gsrc}"], root / "window", window, log=quiet)
+    from tests.gguf_models import write_gguf  # a pair of GGUF files with every carried type
+
+    target = write_gguf(root / "t.gguf", "qwen2", seed=0)
+    draft = write_gguf(root / "d.gguf", "qwen2", seed=0, redraw=("blk.1.ffn_down.weight",))
+    int4 = ExportOptions(max_length=128, precision="int4")
+    export_pair(str(target), [str(draft)], root / "nbits", int4, log=quiet)
     return {
         "gqa fp32 target": (root / "gqa", "none", 0),
         "gqa verify passes (K=3)": (root / "gqa", "self", 3),
@@ -75,6 +83,8 @@ def build(root: Path) -> dict[str, tuple[Path, str, int]]:
         "int4 draft": (root / "gqa", "int4", 3),
         "plain fp32 target": (root / "plain", "none", 0),
         "gqa sliding windows, verify (K=3)": (root / "window", "self", 3),
+        "int4 model graphs (--precision), target": (root / "nbits", "none", 0),
+        "int4 model graphs, draft (K=3)": (root / "nbits", "draft", 3),
     }
 
 
