@@ -157,6 +157,13 @@ def export_pair(
             )
         import_tensorrt(builder=True)  # fail before any work if TensorRT is missing
     entries = resolve_drafts(drafts, target)
+    derived = [e.name for e in entries if e.kind.export == registry.EXPORT_QUANTIZED]
+    if options.precision in QUANTIZED and derived:
+        raise ExportError(
+            f"--draft {derived[0]} quantizes the target's graph, which --precision "
+            f"{options.precision} already made of quantized blocks",
+            "use a smaller model as the draft, or ngram, with a quantized target",
+        )
     if profile is not None:
         options = dataclasses.replace(options, max_length=profile.max_context)
         log(f"profile {profile.name}: {profile.description}")

@@ -308,3 +308,13 @@ def test_weights_read_from_beside_the_graph_quantize_as_those_held_in_memory(
     assert got.keys() == want.keys()
     for name, value in want.items():
         np.testing.assert_array_equal(got[name], value)
+
+
+def test_a_quantized_copy_of_a_quantized_target_is_refused_with_exit_2(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "artifact"
+    args = ["export", "--target", str(files["qwen2"]), "--draft", "int8", "-o", str(out)]
+    result = CliRunner().invoke(main, [*args, "--precision", "int4"])
+    assert result.exit_code == 2
+    assert "--draft int8 quantizes the target's graph" in result.output and not out.exists()
