@@ -10,7 +10,7 @@ measured, float zero points fall back to a dequantizing path about 200x slower o
 refused for 8 bits); the shift, where a format has one (GGUF's K-quants and Q4_1/Q5_1 keep a
 block minimum that is no integer number of steps), is added by the graph as
 `blocksum(x) @ shift^T`, so the weights the graph computes with are exactly the file's, without a
-second rounding (stream.py writes those nodes).
+second rounding (nbits.py writes those nodes).
 
 GGUF formats and what they carry (bits of the codes as stored here):
 - Q4_0 (4), Q8_0 (8), Q5_0 (8: 5-bit codes in 8-bit lanes), Q6_K (8, blocks of 16): exact,
@@ -195,15 +195,16 @@ CARRIED = {  # GGUF type -> (bits stored, block)
 
 def from_gguf(kind: str, raw: np.ndarray, rows: int, cols: int) -> Blocks:
     """A GGUF tensor's blocks (raw: [rows, bytes per row] uint8) as Blocks [rows, cols]."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
     bits, block = CARRIED[kind]
     per_row = raw.shape[1]
     flat = np.ascontiguousarray(raw).reshape(-1)
-    bytes_per_block = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
-    sizes = bytes_per_block | {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
-    nb = flat.size // sizes[kind]
-    if nb * sizes[kind] != rows * per_row:
+    size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]][1]  # bytes per block
+    nb = flat.size // size
+    if nb * size != rows * per_row:
         raise ValueError(f"{kind}: {rows} x {per_row} bytes is no whole number of blocks")
-    codes, scale, zero, shift = _decode(kind, flat.reshape(nb, sizes[kind]))
+    codes, scale, zero, shift = _decode(kind, flat.reshape(nb, size))
     sub = cols // block
     return Blocks(
         codes.reshape(rows, cols),

@@ -144,7 +144,7 @@ def export_pair(
     if options.engines and attention != "plain":
         raise ExportError("TensorRT engines need plain graphs", "drop --attention gqa")
     quantized = {p for p in (options.precision, options.draft_precision) if p in QUANTIZED}
-    if quantized and (attention == "plain" and options.engines):
+    if quantized and options.engines:
         raise ExportError(
             f"{'/'.join(sorted(quantized))} graphs use ONNX Runtime's MatMulNBits, which TensorRT "
             "does not parse",

@@ -49,11 +49,6 @@ class GgufBlocks:
             return None
         return f"{name}.{suffix}"
 
-    def kind(self, hf_name: str) -> str | None:
-        """The GGUF type of the tensor behind `hf_name` ("Q4_K", "F32", ...), None if absent."""
-        name = self.gguf_name(hf_name)
-        return None if name is None else self.tensors[name].tensor_type.name
-
     def blocks(self, hf_name: str, weight: np.ndarray) -> tuple[Blocks | None, str]:
         """The file's blocks of the parameter `hf_name`, equal to `weight` [N, K] (out x in);
         (None, why) where they cannot be carried."""

@@ -29,26 +29,45 @@ MATRIX_TYPES = {
     "ffn_down": "Q5_1",
 }
 QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
-# float16 scale fields per block layout (byte offsets), given sane values in random blocks
-F16_FIELDS = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+# byte offsets of the float16 scale fields in each block layout
+F16_FIELDS = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+}
 K_SCALE = {"Q4_K": 3e-4, "Q5_K": 1.5e-4, "Q6_K": 1e-3}
 
 
-def _quantized(kind: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """[rows, bytes per row] uint8 of a random tensor in `kind`."""
+def random_blocks(
+    kind: str, rows: int, cols: int, rng: np.random.Generator, scale: float = 1e-2
+) -> np.ndarray:
+    """Random bytes in `kind`'s layout (every bit pattern of codes, scales and minimums), with
+    float16 scales of about `scale`; [rows, bytes per row] as GGUFReader hands them out."""
     import gguf
 
-    qtype = gguf.GGMLQuantizationType[kind]
-    if kind in QUANTIZABLE:
-        w = rng.normal(0, 0.3, size=(rows, cols)).astype(np.float32)
-        return np.asarray(gguf.quants.quantize(w, qtype))
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
     n = rows * cols // block
     raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
     for offset in F16_FIELDS[kind]:
-        d = (K_SCALE[kind] * rng.uniform(0.5, 1.5, size=n)).astype(np.float16)
+        d = (scale * rng.uniform(0.5, 1.5, size=n)).astype(np.float16)
         raw[:, offset : offset + 2] = d.view(np.uint8).reshape(n, 2)
     return raw.reshape(rows, cols // block * size)
+
+
+def _quantized(kind: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """[rows, bytes per row] uint8 of a random tensor in `kind`: random floats quantized by gguf
+    where it can, else random blocks scaled to weights of a similar size."""
+    import gguf
+
+    if kind in QUANTIZABLE:
+        w = rng.normal(0, 0.3, size=(rows, cols)).astype(np.float32)
+        return np.asarray(gguf.quants.quantize(w, gguf.GGMLQuantizationType[kind]))
+    return random_blocks(kind, rows, cols, rng, K_SCALE[kind])
 
 
 def _tokenizer_fields(tok: Any) -> tuple[list[str], list[str]]:

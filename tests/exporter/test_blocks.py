@@ -9,32 +9,11 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from specx.exporter.blocks import CARRIED, Blocks, from_gguf, quantize_float  # noqa: E402
-
-# byte offsets of the float16 scale fields in each block layout
-F16_FIELDS = {
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "Q8_0": (0,),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-}
+from tests import gguf_models  # noqa: E402
 
 
 def random_blocks(kind: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
-    """Random bytes in `kind`'s layout (every bit pattern of codes, scales and mins), with sane
-    float16 scales; [rows, bytes per row] as GGUFReader hands them out."""
-    qtype = gguf.GGMLQuantizationType[kind]
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    rng = np.random.default_rng(seed)
-    n = rows * cols // block
-    raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
-    for offset in F16_FIELDS[kind]:
-        d = rng.uniform(1e-3, 2e-2, size=n).astype(np.float16)
-        raw[:, offset : offset + 2] = d.view(np.uint8).reshape(n, 2)
-    return raw.reshape(rows, cols // block * size)
+    return gguf_models.random_blocks(kind, rows, cols, np.random.default_rng(seed))
 
 
 @pytest.mark.parametrize("kind", sorted(CARRIED))
