@@ -65,8 +65,9 @@ def _export_draft_help() -> str:
     type=click.Choice(["int8", "fp32"]),
     default="int8",
     show_default=True,
-    help="How int4/int8 graphs multiply: int8 activations (fast, as llama.cpp; a K-token pass "
-    "may part from a one-token pass where rounding decides) or fp32 (slower; passes agree).",
+    help="How int4/int8 graphs multiply: int8 activations (fast, as llama.cpp; plain attention "
+    "then keeps K-token and one-token passes bit-identical) or fp32 (dequantized weights: for "
+    "checking against the float32 source; far slower, most at 8 bits).",
 )
 @debug_option
 @user_errors

@@ -59,8 +59,9 @@ class ExportOptions:
     # and of model drafts (None: the target's). int4/int8 carry a GGUF source's own blocks.
     precision: str | None = None
     draft_precision: str | None = None
-    # How int4/int8 graphs multiply: "int8" activations (fast; a multi-token pass may part from
-    # a one-token pass where the rounding decides) or "fp32" (slower; the passes agree).
+    # How int4/int8 graphs multiply (nbits.COMPUTE): "int8" activations (fast; with plain
+    # attention, picked for it, K-token and one-token passes are bit-identical) or "fp32"
+    # (dequantized weights: close to the float32 source, far slower).
     quant_compute: str = "int8"
 
 

@@ -38,10 +38,10 @@ BLOCK = 32
 HEAD_BITS = 8
 # How MatMulNBits computes (its accuracy_level): "int8" (4) quantizes activations to int8 per
 # block and multiplies in integers, as llama.cpp does: the fast CPU path. Its rounding of an
-# activation flips with any difference in the bits before it, and a multi-token pass's attention
-# sums in another order than a one-token pass's, so the two passes part at some tokens (measured
-# at export: quantized_quality). "fp32" (0) dequantizes the weights to float32 on every call:
-# several times slower per product, and the passes agree as closely as in float32 graphs.
+# activation flips with any difference in the bits before it, so a multi-token pass parts from a
+# one-token pass wherever anything before it sums in another order (GroupQueryAttention does;
+# measured at export: quantized_quality). "fp32" (0) dequantizes the weights to float32 on every
+# call: 4x slower per 4-bit product, ~300x per 8-bit one (scripts/nbits_kernels.py).
 COMPUTE = {"int8": 4, "fp32": 0}
 
 
