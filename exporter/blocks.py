@@ -56,6 +56,19 @@ class Blocks:
             w += self.shift[:, :, None]
         return w.reshape(n, k)
 
+    def rows(self, start: int, stop: int) -> Blocks:
+        """Output rows start..stop (views, no copy)."""
+        shift = None if self.shift is None else self.shift[start:stop]
+        return Blocks(
+            self.codes[start:stop],
+            self.scale[start:stop],
+            self.zero[start:stop],
+            shift,
+            self.bits,
+            self.block,
+            self.origin,
+        )
+
     def take_rows(self, order: np.ndarray) -> Blocks:
         """The same blocks with output rows reordered (a GGUF's q/k head permutation)."""
         shift = None if self.shift is None else self.shift[order]
@@ -88,26 +101,33 @@ class Blocks:
         return np.ascontiguousarray(b), self.scale.reshape(-1).astype(np.float32), zp
 
 
-def quantize_float(w: np.ndarray, bits: int, block: int = 32) -> Blocks:
+def quantize_float(w: np.ndarray, bits: int, block: int = 32, rows: int = 4096) -> Blocks:
     """Round-to-nearest block quantization of W [N, K]: asymmetric (a zero point per block) for
-    4 bits, symmetric (zero point 128) for 8 bits, as ONNX Runtime's own quantizer makes them."""
+    4 bits, symmetric (zero point 128) for 8 bits, as ONNX Runtime's own quantizer makes them.
+    Done `rows` output rows at a time: the float temporaries stay the size of one slice."""
     n, k = w.shape
     if k % block:
         raise ValueError(f"K = {k} is not a multiple of the block size {block}")
-    x = w.reshape(n, k // block, block).astype(np.float32)
+    codes = np.empty((n, k), np.uint8)
+    scale = np.empty((n, k // block), np.float32)
+    zero = np.empty((n, k // block), np.uint8)
     top = 2**bits - 1
-    if bits == 4:
-        lo = np.minimum(x.min(axis=-1), 0.0)
-        hi = np.maximum(x.max(axis=-1), 0.0)
-        scale = (hi - lo) / top
-        scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
-        zero = np.clip(np.round(-lo / scale), 0, top).astype(np.uint8)
-    else:
-        scale = (np.abs(x).max(axis=-1) / 127.0).astype(np.float32)
-        scale = np.where(scale == 0, 1.0, scale).astype(np.float32)
-        zero = np.full(scale.shape, 128, np.uint8)
-    codes = np.round(x / scale[..., None]) + zero[..., None]
-    codes = np.clip(codes, 0, top).astype(np.uint8).reshape(n, k)
+    for start in range(0, n, rows):
+        part = slice(start, start + rows)
+        x = w[part].reshape(-1, k // block, block).astype(np.float32)
+        if bits == 4:
+            lo = np.minimum(x.min(axis=-1), 0.0)
+            hi = np.maximum(x.max(axis=-1), 0.0)
+            s = (hi - lo) / top
+            s = np.where(s == 0, 1.0, s).astype(np.float32)
+            z = np.clip(np.round(-lo / s), 0, top).astype(np.uint8)
+        else:
+            s = (np.abs(x).max(axis=-1) / 127.0).astype(np.float32)
+            s = np.where(s == 0, 1.0, s).astype(np.float32)
+            z = np.full(s.shape, 128, np.uint8)
+        q = np.round(x / s[..., None]) + z[..., None]
+        codes[part] = np.clip(q, 0, top).astype(np.uint8).reshape(-1, k)
+        scale[part], zero[part] = s, z
     return Blocks(codes, scale, zero, None, bits, block, "requantized")
 
 

@@ -28,11 +28,13 @@ from .drafts import DraftEntry, default_drafter, resolve_drafts
 from .engines import build_engines
 from .feature_head import HeadCheckpoint, build_head, read_head
 from .head_export import check_head_parity, export_head
-from .load import SourceModel, chat_template, check_pair, load_source, special_tokens
+from .load import SourceModel, chat_template, check_pair, open_source, special_tokens
 from .nbits import COMPUTE, PRECISIONS, QUANTIZED
 from .onnx_export import export_graph
 from .plan import plan_pair
+from .preflight import estimate, preflight
 from .quantize import CALIBRATION_TEXT, derive_quantized_draft
+from .sources import pin
 from .staging import StagedFolder
 from .wrap import gqa_unsupported
 
@@ -176,6 +178,7 @@ def export_pair(
                 "need an fp32 profile",
                 "use a model draft or ngram with fp16 profiles",
             )
+    _preflight(output, target, entries, options, profile, log)
     with StagedFolder(output, log) as staged:
         manifest = _export_into(staged.path, target, entries, options, profile, log, auto_attention)
         if options.engines and profile is not None:
@@ -185,6 +188,26 @@ def export_pair(
             manifest.write(staged.path)
         staged.publish()
     return manifest
+
+
+def _preflight(
+    output: Path,
+    target: str,
+    entries: list[DraftEntry],
+    options: ExportOptions,
+    profile: Profile | None,
+    log: Callable[[str], None],
+) -> None:
+    """The export's disk, memory and time, estimated from the configs; refused if they do not
+    fit (a source whose config cannot be read is left to the loader, which says why)."""
+    precision = options.precision or (profile.precision if profile else "fp32")
+    try:
+        est = estimate(
+            target, entries, precision, options.draft_precision or precision, options.batched
+        )
+    except ExportError:
+        return
+    preflight(output, est, log)
 
 
 def _export_into(
@@ -248,7 +271,7 @@ def _export_into(
         return dataclasses.replace(spec, parity=parity)
 
     log(f"[1/{steps}] target: loading {target}")
-    tsrc = load_source(target, log)
+    tsrc = open_source(target, log)
     timings["target_load_s"] = tsrc.load_s
     heads = _read_heads(drafts, tsrc)
     taps = next(iter(heads.values())).cfg.taps if heads else ()
@@ -284,7 +307,9 @@ def _export_into(
             draft_specs.append(spec)
         elif recipe == registry.EXPORT_HEAD:
             t0 = time.perf_counter()
-            head = build_head(heads[name], tsrc.model, target_spec.vocab_size)
+            model = tsrc.model
+            pin(model, [model.get_input_embeddings(), model.get_output_embeddings()], tsrc.weights)
+            head = build_head(heads[name], model, target_spec.vocab_size)
             spec = export_head(
                 head,
                 folder,
@@ -302,7 +327,7 @@ def _export_into(
             log("  the target drafts for itself (shows the mechanics; it cannot speed anything up)")
             draft_specs.append(dataclasses.replace(target_spec, role="draft", name=name))
         else:
-            dsrc = load_source(entry.source, log)
+            dsrc = open_source(entry.source, log)
             timings[f"{name}_load_s"] = dsrc.load_s
             check_pair(tsrc, dsrc)
             spec = export_one(dsrc, "draft", f"{name}.onnx", precision=draft_precision)

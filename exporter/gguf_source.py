@@ -21,6 +21,7 @@ from .blocks import CARRIED, Blocks, from_gguf
 ROW_PROCESSORS = ("TensorProcessor", "LlamaTensorProcessor", "Gemma2TensorProcessor")
 # Carried blocks must dequantize to the loaded parameter up to float32 rounding of the product.
 MATCH_RELATIVE = 1e-5
+CHECK_ROWS = 4096
 
 
 class GgufBlocks:
@@ -34,6 +35,7 @@ class GgufBlocks:
         self.tensors = {t.name: t for t in self.reader.tensors}
         field = self.reader.fields["general.architecture"]
         arch_name = bytes(field.parts[field.data[0]]).decode()
+        self.arch_name = arch_name
         arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch_name)
         layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0))
         self.names = get_tensor_name_map(arch, layers)
@@ -69,10 +71,11 @@ class GgufBlocks:
         order = self._row_order(name, rows)
         if order is not None:
             blocks = blocks.take_rows(order)
-        got = blocks.dequantize()
         tolerance = MATCH_RELATIVE * max(1e-30, float(np.max(np.abs(weight))))
-        if float(np.max(np.abs(got - weight))) > tolerance:
-            return None, f"{kind} blocks differ from the loaded weights"
+        for start in range(0, rows, CHECK_ROWS):  # in slices: a float copy of one slice at most
+            got = blocks.rows(start, start + CHECK_ROWS).dequantize()
+            if float(np.max(np.abs(got - weight[start : start + CHECK_ROWS]))) > tolerance:
+                return None, f"{kind} blocks differ from the loaded weights"
         return blocks, kind
 
     def _row_order(self, name: str, rows: int) -> np.ndarray | None:

@@ -22,6 +22,7 @@ class SourceModel:
     tokenizer: Any  # a transformers fast tokenizer
     source: str
     load_s: float
+    weights: Any = None  # a sources.WeightSource when the model is streamed (open_source)
 
     @property
     def config(self) -> Any:
@@ -120,20 +121,15 @@ def check_architecture(config: Any, where: str) -> None:
     )
 
 
-def load_source(source: str, log: Log) -> SourceModel:
-    """Load `source` as the user would with transformers, in float32 on the CPU."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
+def _locate(source: str, log: Log) -> tuple[str, dict[str, Any]]:
+    """(folder or hub id, from_pretrained keyword arguments) of `source`; refuses what is not
+    a model."""
     path = Path(source).expanduser()
-    t0 = time.perf_counter()
-    kwargs: dict[str, Any] = {}
     if path.suffix.lower() == ".gguf":
         if not path.is_file():
             raise ExportError(f"{source} does not exist", "check the path of the .gguf file")
-        folder, kwargs = str(path.parent), {"gguf_file": path.name}
-        log(f"  reading {path.name} (GGUF weights are dequantized to float32; this takes a while)")
-    elif path.exists():
+        return str(path.parent), {"gguf_file": path.name}
+    if path.exists():
         if not path.is_dir():
             raise ExportError(
                 f"{source} is neither a model folder nor a .gguf file",
@@ -144,14 +140,18 @@ def load_source(source: str, log: Log) -> SourceModel:
                 f"{source} holds no config.json",
                 "pass a folder written by save_pretrained (config.json, weights, tokenizer)",
             )
-        folder = str(path)
-    elif source.count("/") == 1 and not source.startswith((".", "/", "~")):
-        folder = source  # a hub id
+        return str(path), {}
+    if source.count("/") == 1 and not source.startswith((".", "/", "~")):
         log(f"  {source} is not a local path; trying the Hugging Face hub")
-    else:
-        raise ExportError(
-            f"{source} does not exist", "pass a model folder, a .gguf file, or a hub id (org/name)"
-        )
+        return source, {}
+    raise ExportError(
+        f"{source} does not exist", "pass a model folder, a .gguf file, or a hub id (org/name)"
+    )
+
+
+def _config(folder: str, kwargs: dict[str, Any], source: str) -> Any:
+    from transformers import AutoConfig
+
     try:
         config = AutoConfig.from_pretrained(folder, **kwargs)
     except CONFIG_ERRORS as e:
@@ -160,9 +160,39 @@ def load_source(source: str, log: Log) -> SourceModel:
             "check the path and its config.json (a hub id needs network access)",
         ) from e
     check_architecture(config, source)
+    return config
+
+
+def _tokenizer(folder: str, kwargs: dict[str, Any], source: str) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    except (OSError, ValueError, ImportError, RuntimeError, TypeError) as e:
+        raise ExportError(
+            f"cannot load the tokenizer of {source}: {str(e).splitlines()[0][:300]}",
+            "check that the folder holds a tokenizer (for .gguf: pip install gguf)",
+        ) from e
+    if not getattr(tokenizer, "is_fast", False):
+        raise ExportError(
+            f"{source} has no fast tokenizer (tokenizer.json)",
+            "save the model with a fast tokenizer (transformers' PreTrainedTokenizerFast)",
+        )
+    return tokenizer
+
+
+def load_source(source: str, log: Log) -> SourceModel:
+    """Load `source` whole, as the user would with transformers, in float32 on the CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    t0 = time.perf_counter()
+    folder, kwargs = _locate(source, log)
+    if kwargs:
+        log(f"  reading {kwargs['gguf_file']} (GGUF weights are dequantized to float32)")
+    _config(folder, kwargs, source)
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
     except (OSError, ValueError, ImportError, RuntimeError, TypeError) as e:
         # RuntimeError, TypeError: the weights do not fit the config (torch's own messages)
         raise ExportError(
@@ -170,13 +200,44 @@ def load_source(source: str, log: Log) -> SourceModel:
             "check that the folder holds weights and a tokenizer (for .gguf: pip install gguf "
             "accelerate)",
         ) from e
-    if not getattr(tokenizer, "is_fast", False):
-        raise ExportError(
-            f"{source} has no fast tokenizer (tokenizer.json)",
-            "save the model with a fast tokenizer (transformers' PreTrainedTokenizerFast)",
-        )
+    tokenizer = _tokenizer(folder, kwargs, source)
     model.eval()
     return SourceModel(model, tokenizer, source, time.perf_counter() - t0)
+
+
+def open_source(source: str, log: Log) -> SourceModel:
+    """`source` for an export, streamed: its config and tokenizer, and a model whose weights
+    are read a module at a time (sources.py) instead of loaded whole."""
+    from transformers import GenerationConfig
+
+    from .sources import open_weights, streamed_model
+
+    t0 = time.perf_counter()
+    folder, kwargs = _locate(source, log)
+    config = _config(folder, kwargs, source)
+    tokenizer = _tokenizer(folder, kwargs, source)
+    local = Path(folder)
+    if not local.is_dir():  # a hub id: the files, fetched once
+        try:
+            from huggingface_hub import snapshot_download
+
+            local = Path(snapshot_download(folder))
+        except (OSError, ValueError) as e:
+            raise ExportError(
+                f"cannot fetch {source}: {str(e).splitlines()[0][:300]}",
+                "download the model to a folder first (a hub id needs network access)",
+            ) from e
+    path = local / kwargs["gguf_file"] if kwargs else local
+    from .sources import meta_model
+
+    weights = open_weights(path, meta_model(config))
+    model = streamed_model(config, weights)
+    if not kwargs:  # a folder's generation_config.json (end-of-turn ids), as from_pretrained
+        try:
+            model.generation_config = GenerationConfig.from_pretrained(str(local))
+        except OSError:
+            pass
+    return SourceModel(model, tokenizer, source, time.perf_counter() - t0, weights)
 
 
 def eos_token_ids(src: SourceModel) -> tuple[int, ...]:

@@ -1,7 +1,7 @@
 """int4 / int8 graphs: every MatMul on a weight becomes ONNX Runtime's MatMulNBits.
 
-Applied to the traced float32 graph, one weight at a time (a weight's float copy is dropped as
-soon as its blocks are in). Each weight's blocks come, in this order of preference, from
+Applied to the traced graph (weights as inputs), one weight at a time, each read from the source
+as transformers loads it and written out as blocks before the next (graph_weights.py). Each weight's blocks come, in this order of preference, from
 
 1. the GGUF file the model was loaded from, where its type maps exactly (blocks.py): the graph
    then computes with the file's own numbers, as llama.cpp does, with no second rounding;
@@ -22,15 +22,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from onnx import TensorProto
-from onnx.helper import tensor_dtype_to_np_dtype as helper_dtype
 
 from .blocks import Blocks, quantize_float
 from .gguf_source import GgufBlocks
+from .graph_weights import ExternalData, GraphWeights, consumers, linear_transpose
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 QUANTIZED = ("int8", "int4")
@@ -70,28 +68,6 @@ class QuantReport:
         )
 
 
-def _fingerprint(rows: int, cols: int, first: np.ndarray, last: np.ndarray) -> tuple[Any, ...]:
-    return (rows, cols, *np.asarray(first, np.float32).tolist(), *np.asarray(last).tolist())
-
-
-def parameter_index(model: Any) -> dict[tuple[Any, ...], str]:
-    """Each 2-D parameter of a torch model by a fingerprint of its [out, in] layout as the tracer
-    writes it transposed: shape and a few values (random or trained weights never collide)."""
-    index: dict[tuple[Any, ...], str] = {}
-    for name, p in model.named_parameters():
-        if p.dim() != 2:
-            continue
-        w = p.detach()
-        key = _fingerprint(w.shape[0], w.shape[1], w[0, :4].numpy(), w[-1, -4:].numpy())
-        index.setdefault(key, name)
-    return index
-
-
-def _weight_name(index: dict[tuple[Any, ...], str], wt: np.ndarray) -> str | None:
-    """The parameter whose [out, in] matrix is wt [N, K], or None (e.g. GPT-2's Conv1D)."""
-    return index.get(_fingerprint(wt.shape[0], wt.shape[1], wt[0, :4], wt[-1, -4:]))
-
-
 def _contrib(op: str, inputs: list[str], out: str, name: str, **attrs: int) -> Any:
     """A node of ONNX Runtime's contrib domain (com.microsoft)."""
     from onnx import helper
@@ -108,28 +84,21 @@ class _Rewriter:
         bits: int,
         gguf: GgufBlocks | None,
         vocab: int,
-        index: dict[tuple[Any, ...], str],
         accuracy: int,
-        embedding: tuple[Any, ...] | None = None,
-        base: Path | None = None,
+        weights: GraphWeights,
+        writer: ExternalData,
+        embedding: str | None,
     ) -> None:
-        self.embedding = embedding  # the input embedding's fingerprint
-        self.base = base  # where weights stored beside the graph lie
-        self.bits, self.gguf, self.vocab, self.index = bits, gguf, vocab, index
-        self.accuracy = accuracy
+        self.bits, self.gguf, self.vocab, self.accuracy = bits, gguf, vocab, accuracy
+        self.weights, self.writer = weights, writer
+        self.embedding = embedding  # the input embedding's parameter name
         self.graph = model.graph
-        self.inits = {t.name: t for t in self.graph.initializer}
         self.block_sums: dict[tuple[str, int], str] = {}  # (input, block) -> its block sums
         self.report = QuantReport()
         self.count = 0
 
     def add_init(self, array: np.ndarray, name: str) -> str:
-        from onnx import numpy_helper
-
-        tensor = numpy_helper.from_array(array, name)
-        self.graph.initializer.append(tensor)
-        self.inits[name] = tensor
-        return name
+        return self.writer.add(array, name)
 
     def blocks_for(self, wt: np.ndarray, name: str | None, head: bool) -> Blocks:
         why = "no GGUF file" if self.gguf is None else "not a known parameter"
@@ -155,7 +124,7 @@ class _Rewriter:
         shape = self.add_init(
             np.array([0] * (rank - 1) + [-1, block], np.int64), f"nbits.blocks.{x}.{block}"
         )
-        if "nbits.last_axis" not in self.inits:
+        if "nbits.last_axis" not in self.writer.names:
             self.add_init(np.array([-1], np.int64), "nbits.last_axis")
         out = f"nbits.blocksum.{len(self.block_sums)}"
         self.block_sums[key] = out
@@ -166,14 +135,14 @@ class _Rewriter:
             ),
         ]
 
-    def replace(self, node: Any, wt: np.ndarray) -> list[Any]:
+    def replace(self, node: Any, wt: np.ndarray, name: str | None) -> list[Any]:
         """Nodes computing node's output from its input x with wt [N, K] as MatMulNBits (and the
         shift's two MatMuls and Add where the blocks keep minimums)."""
         from onnx import helper
 
         self.count += 1
         x = node.input[0]
-        blocks = self.blocks_for(wt, _weight_name(self.index, wt), wt.shape[0] == self.vocab)
+        blocks = self.blocks_for(wt, name, wt.shape[0] == self.vocab)
         n, k = blocks.shape
         self.report.bits[f"{blocks.bits}-bit"] += 1
         tag = f"nbits.{self.count}"
@@ -205,7 +174,7 @@ class _Rewriter:
         """Nodes gathering rows of table [V, H] (node's output) as GatherBlockQuantized."""
         from onnx import helper
 
-        blocks = self.blocks_for(table, _weight_name(self.index, table), head=True)
+        blocks = self.blocks_for(table, self.embedding, head=True)
         v, h = blocks.shape
         self.report.bits[f"{blocks.bits}-bit embedding"] += 1
         tag = "nbits.embedding"
@@ -241,74 +210,57 @@ class _Rewriter:
             ]
         return nodes
 
-    def array(self, name: str) -> np.ndarray:
-        """An initializer's values, read from beside the graph where they lie there."""
-        from onnx import numpy_helper
-
-        tensor = self.inits[name]
-        if tensor.data_location != TensorProto.EXTERNAL:
-            return np.asarray(numpy_helper.to_array(tensor))
-        info = {e.key: e.value for e in tensor.external_data}
-        dtype = helper_dtype(tensor.data_type)
-        count = int(np.prod(tensor.dims)) if len(tensor.dims) else 1
-        assert self.base is not None
-        with open(self.base / info["location"], "rb") as f:
-            f.seek(int(info.get("offset", 0)))
-            data = np.fromfile(f, dtype=dtype, count=count)
-        return data.reshape(tuple(tensor.dims))
-
-    def drop(self, name: str) -> None:
-        """Forget an initializer no node reads any more (its float copy leaves memory now)."""
-        self.uses[name] -= 1
-        if self.uses[name] == 0:
-            self.graph.initializer.remove(self.inits.pop(name))
-
     def is_embedding(self, node: Any) -> bool:
-        if node.op_type != "Gather" or node.input[0] not in self.inits or self.embedding is None:
+        """A Gather of the input embedding table whose rows split into blocks."""
+        if node.op_type != "Gather" or self.weights.param(node.input[0]) != self.embedding:
             return False
-        dims = list(self.inits[node.input[0]].dims)
-        if len(dims) != 2 or (dims[0], dims[1]) != self.embedding[:2] or dims[1] % BLOCK:
-            return False
-        table = self.array(node.input[0])
-        return _fingerprint(dims[0], dims[1], table[0, :4], table[-1, -4:]) == self.embedding
+        return self.weights.source.shapes[self.embedding][1] % BLOCK == 0
 
-    def weight_of(self, node: Any) -> tuple[str, bool] | None:
-        """(initializer, stored transposed) of a node multiplying by a 2-D weight, else None."""
-        if node.op_type == "MatMul" and node.input[1] in self.inits:
-            name, transposed = node.input[1], True  # MatMul(x, W^T): the tracer folds W.T
-        elif (
-            node.op_type == "Gemm"
-            and len(node.input) == 2
-            and node.input[1] in self.inits
-            and any(a.name == "transB" and a.i == 1 for a in node.attribute)
-        ):
-            name, transposed = node.input[1], False  # a tied head: Gemm(h, E, transB=1)
-        else:
+    def weight_of(self, node: Any, transposed: dict[str, str]) -> tuple[str, bool] | None:
+        """(weight input, whether the graph reads it as stored [N, K]) of a node multiplying by a
+        2-D weight, else None."""
+        w = node.input[1] if len(node.input) > 1 else ""
+        if node.op_type == "MatMul" and w in transposed:
+            return transposed[w], True  # MatMul(x, Transpose(W)): a Linear
+        name = self.weights.param(w)
+        if name is None or len(self.weights.source.shapes[name]) != 2:
             return None
-        return (name, transposed) if len(self.inits[name].dims) == 2 else None
+        if node.op_type == "MatMul":
+            return w, False  # MatMul(x, W): W is [K, N] (GPT-2's Conv1D)
+        if node.op_type == "Gemm" and len(node.input) == 2:
+            if any(a.name == "transB" and a.i == 1 for a in node.attribute):
+                return w, True  # a head on a 2-D view: Gemm(h, W, transB=1)
+        return None
 
     def run(self) -> QuantReport:
-        self.uses = Counter(i for n in self.graph.node for i in n.input if i in self.inits)
+        users = consumers(self.graph)
+        transposed = {
+            n.output[0]: n.input[0]
+            for n in self.graph.node
+            if linear_transpose(n, self.weights, users)
+        }
         nodes: list[Any] = []
         for node in list(self.graph.node):
-            if self.is_embedding(node):
-                table = self.array(node.input[0]).astype(np.float32)
-                nodes.extend(self.replace_gather(node, table))
-                del table
-                self.drop(node.input[0])
+            if node.op_type == "Transpose" and node.output[0] in transposed:
                 continue
-            found = self.weight_of(node)
+            if self.is_embedding(node):
+                nodes.extend(self.replace_gather(node, self.weights.array(node.input[0])))
+                continue
+            found = self.weight_of(node, transposed)
             if found is None:
+                for name in node.input:
+                    if name in self.weights.states and name not in self.writer.names:
+                        self.add_init(self.weights.array(name).astype(np.float32), name)
                 nodes.append(node)
                 continue
-            array = self.array(found[0])
-            wt = np.ascontiguousarray(array.T if found[1] else array, dtype=np.float32)
+            array = self.weights.array(found[0])
+            wt = np.ascontiguousarray(array if found[1] else array.T, dtype=np.float32)
             del array
-            nodes.extend(self.replace(node, wt))
+            nodes.extend(self.replace(node, wt, self.weights.param(found[0])))
             del wt
-            self.drop(found[0])
         del self.graph.node[:]
         self.graph.node.extend(nodes)
+        self.weights.finish()
         return self.report
 
 
@@ -316,18 +268,17 @@ def quantize_graph(
     model: Any,
     bits: int,
     vocab: int,
-    torch_model: Any,
-    gguf: GgufBlocks | None,
+    weights: GraphWeights,
+    writer: ExternalData,
+    embedding: str | None,
     compute: str = "int8",
-    base: Path | None = None,
 ) -> QuantReport:
-    """Rewrite `model` (onnx ModelProto, traced float32) in place: MatMuls on weights become
-    MatMulNBits of `bits` bits (see the module docstring). torch_model names the weights; base:
-    the folder of weights stored beside the graph (read one at a time), if any."""
-    index = parameter_index(torch_model)
-    e = torch_model.get_input_embeddings().weight.detach()
-    embedding = _fingerprint(e.shape[0], e.shape[1], e[0, :4].numpy(), e[-1, -4:].numpy())
-    rewriter = _Rewriter(model, bits, gguf, vocab, index, COMPUTE[compute], embedding, base)
+    """Rewrite `model` (onnx ModelProto traced with its weights as inputs) in place: MatMuls on
+    weights become MatMulNBits of `bits` bits (see the module docstring), written by `writer`;
+    embedding: the input embedding's parameter name. Weights come from the source's GGUF blocks
+    where it has them (weights.source.gguf)."""
+    gguf = weights.source.gguf
+    rewriter = _Rewriter(model, bits, gguf, vocab, COMPUTE[compute], weights, writer, embedding)
     report = rewriter.run()
     # the tracer's intermediate shapes (some stale, e.g. rank 0) would contradict the new
     # Reshapes; ONNX Runtime infers them again

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +17,10 @@ from specx.runtime import contract
 from specx.runtime.contract import ModelSpec
 from specx.runtime.errors import ExportError
 
-from .gguf_source import open_gguf
+from .graph_weights import ExternalData, GraphWeights, drop_weight_inputs, weight_bytes, write_float
 from .load import Log, SourceModel, model_vocab_size
-from .nbits import QUANTIZED, QuantReport, quantize_graph
+from .nbits import QUANTIZED, quantize_graph
+from .sources import stand_in
 from .wrap import LATER_OPSET, LATER_OPSET_DOMAIN, make_graph_module, uses_position_ids
 
 # Graphs larger than this keep their weights in a side file (protobuf's 2 GB limit).
@@ -89,39 +89,6 @@ def raise_opset(model: Any) -> None:
         model.opset_import.append(entry)
 
 
-def tie_lm_head(model: Any) -> bool:
-    """Replace MatMul(h, W_head) with Gemm(h, E, transB=1) when W_head is E transposed.
-
-    The tracer constant-folds the tied head's transpose into a second copy of the embedding;
-    this keeps one copy on disk (SmolLM2: 113 MB less). Returns True if it rewrote the graph.
-    """
-    from onnx import helper, numpy_helper
-
-    graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    gathered = {n.input[0] for n in graph.node if n.op_type == "Gather" and n.input[0] in inits}
-    for node in graph.node:
-        if node.op_type != "MatMul" or node.input[1] not in inits:
-            continue
-        head = inits[node.input[1]]
-        for emb_name in gathered:
-            emb = inits[emb_name]
-            if list(emb.dims) != list(head.dims)[::-1] or len(emb.dims) != 2:
-                continue
-            if not np.array_equal(numpy_helper.to_array(emb).T, numpy_helper.to_array(head)):
-                continue
-            gemm = helper.make_node(
-                "Gemm", [node.input[0], emb_name], list(node.output), transB=1, name=node.name
-            )
-            index = list(graph.node).index(node)
-            graph.node.remove(node)
-            graph.node.insert(index, gemm)
-            if not any(head.name in n.input for n in graph.node):
-                graph.initializer.remove(head)
-            return True
-    return False
-
-
 def stamp_io_shapes(
     model: Any, inputs: tuple[contract.TensorSpec, ...], outputs: tuple[contract.TensorSpec, ...]
 ) -> None:
@@ -147,14 +114,7 @@ def graph_operators(model: Any) -> tuple[str, ...]:
 
 def weight_stats(model: Any) -> tuple[int, int]:
     """(number of parameters, bytes) over the graph's initializers."""
-    from onnx import numpy_helper
-
-    params = nbytes = 0
-    for init in model.graph.initializer:
-        array = numpy_helper.to_array(init)
-        params += int(array.size)
-        nbytes += int(array.nbytes)
-    return params, nbytes
+    return weight_bytes(model)
 
 
 def trace_graph(
@@ -167,19 +127,25 @@ def trace_graph(
     custom_opsets: dict[str, int] | None,
     failure: str,
     fix: str,
-    transform: Callable[[Any, Path], None] | None = None,
+    weights_as_inputs: bool = False,
 ) -> Any:
     """Trace `module` on `args` with the contract's names and dynamic axes (TorchScript exporter,
     in the scratch folder `raw`, removed afterwards); the loaded ONNX model.
 
-    transform(model, raw): rewrites the model before its weights are read in, while those the
-    tracer wrote beside the graph still lie in `raw` (nbits.py reads each from there, one at a
-    time, so a quantized graph never holds its float32 weights in memory)."""
+    weights_as_inputs: the module's parameters and buffers become graph inputs under their own
+    names, unfolded and not deduplicated (graph_weights.py streams them in afterwards); else
+    the traced values are the graph's initializers (small modules: feature heads)."""
     import onnx
     import torch
 
     raw.mkdir(parents=True, exist_ok=True)
     raw_path = raw / "model.onnx"
+    infer = torch._C._jit_pass_onnx_graph_shape_type_inference
+    if weights_as_inputs:  # shapes from the inputs' types: computing on the stand-in's (never
+        # written) weights would take their memory and minutes
+        torch._C._jit_pass_onnx_graph_shape_type_inference = lambda g, _p, opset: infer(
+            g, {}, opset
+        )
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -192,22 +158,19 @@ def trace_graph(
                 dynamic_axes=_dynamic_axes(inputs, outputs),
                 opset_version=opset,
                 custom_opsets=custom_opsets,
-                do_constant_folding=True,
+                do_constant_folding=not weights_as_inputs,
+                export_params=not weights_as_inputs,
+                keep_initializers_as_inputs=weights_as_inputs,
                 dynamo=False,
             )
+        model = onnx.load(str(raw_path))  # external data too: the scratch folder can go
     except (RuntimeError, TypeError, ValueError) as e:
         raise ExportError(f"{failure}: {str(e).splitlines()[0][:300]}", fix) from e
-    if transform is None:
-        model = onnx.load(str(raw_path))  # external data too: the scratch folder can go
-    else:
-        from onnx.external_data_helper import load_external_data_for_model
-
-        model = onnx.load(str(raw_path), load_external_data=False)
-        transform(model, raw)
-        load_external_data_for_model(model, str(raw))  # what the transform kept
-    for f in raw.iterdir():
-        f.unlink()
-    raw.rmdir()
+    finally:
+        torch._C._jit_pass_onnx_graph_shape_type_inference = infer
+        for f in raw.iterdir():
+            f.unlink()
+        raw.rmdir()
     return model
 
 
@@ -234,7 +197,9 @@ def save_graph(
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
     out = folder / graph_name
-    if nbytes > EXTERNAL_DATA_BYTES:
+    if (folder / f"{graph_name}.data").exists():  # streamed: the weights lie beside it already
+        onnx.save_model(model, str(out))
+    elif nbytes > EXTERNAL_DATA_BYTES:
         onnx.save_model(model, str(out), save_as_external_data=True, location=f"{graph_name}.data")
     else:
         onnx.save_model(model, str(out))
@@ -265,8 +230,6 @@ def export_graph(
     "batched" (several sequences at their own lengths per pass). taps: hidden states the graph
     also returns as `features`, for a feature draft (runtime/contract.py).
     """
-    import copy
-
     import torch
 
     dims = model_dims(src)
@@ -295,7 +258,7 @@ def export_graph(
         )
     features = len(taps) * dims["hidden_size"]
     outputs = contract.graph_outputs(layers, kv, hd, vocab, dtype, attention, features)
-    traced = src.model if precision != "fp16" else copy.deepcopy(src.model).to(torch_dtype)
+    traced = stand_in(src.config, torch_dtype)
     module = make_graph_module(traced, attention, max_length, taps)
     # Dummy inputs: 3 new tokens on top of 2 past positions; every axis is dynamic.
     args: list[torch.Tensor] = [torch.tensor([[1, 2, 3]], dtype=torch.long)]
@@ -318,16 +281,6 @@ def export_graph(
         f"{precision}) to ONNX opset {LATER_OPSET if attention == 'batched' else opset}"
     )
     t0 = time.perf_counter()
-    reports: list[QuantReport] = []
-
-    def quantize(model: Any, raw: Path) -> None:
-        t1 = time.perf_counter()
-        gguf = open_gguf(src.source, src.config)
-        bits = int(precision[3:])
-        reports.append(quantize_graph(model, bits, vocab, src.model, gguf, compute, raw))
-        took = time.perf_counter() - t1
-        log(f"  {role}: {precision} weights in {took:.1f} s; {reports[0].summary()}")
-
     model = trace_graph(
         module,
         tuple(args),
@@ -338,20 +291,35 @@ def export_graph(
         CUSTOM_OPSETS.get(attention),
         f"tracing {src.source} failed",
         "report this with the model's config.json",
-        quantize if precision in QUANTIZED else None,
+        weights_as_inputs=True,
     )
     trace_s = time.perf_counter() - t0
     if attention == "batched":
         raise_opset(model)
-    # a quantized graph's head is already one MatMulNBits on the stored weight
-    tied = tie_lm_head(model) if precision not in QUANTIZED else False
+    t0 = time.perf_counter()
+    weights = GraphWeights(graph_states(module, traced), src.weights, log, layers, role)
+    writer = ExternalData(model.graph, folder / f"{graph_name}.data")
+    weights.writer = writer
+    quantization = None
+    try:
+        if precision in QUANTIZED:
+            embedding = _param_name(traced, traced.get_input_embeddings().weight)
+            report = quantize_graph(
+                model, int(precision[3:]), vocab, weights, writer, embedding, compute
+            )
+            quantization = report.to_json()
+            log(f"  {role}: {precision} weights: {report.summary()}")
+        else:
+            write_float(model, weights, writer, np.float16 if precision == "fp16" else np.float32)
+    finally:
+        writer.close()
+    drop_weight_inputs(model, weights)
     stamp_io_shapes(model, inputs, outputs)
-    quantization = reports[0].to_json() if reports else None
     params, nbytes = weight_stats(model)
     save_graph(model, folder, graph_name, role, src.source, pair_id, max_length, nbytes)
     log(
-        f"  {role}: traced in {trace_s:.1f} s, {params / 1e6:.1f}M parameters, "
-        f"{nbytes / 1e6:.0f} MB{' (tied head kept once)' if tied else ''}"
+        f"  {role}: traced in {trace_s:.1f} s, weights streamed in "
+        f"{time.perf_counter() - t0:.1f} s: {params / 1e6:.1f}M parameters, {nbytes / 1e6:.0f} MB"
     )
     return ModelSpec(
         role=role,
@@ -377,3 +345,24 @@ def export_graph(
         feature_layers=taps,
         parity={"weights": quantization} if quantization else {},
     )
+
+
+def _param_name(model: Any, param: Any) -> str:
+    return next(n for n, p in model.named_parameters(remove_duplicate=False) if p is param)
+
+
+def graph_states(module: Any, model: Any) -> dict[str, str | np.ndarray]:
+    """The traced graph's weight inputs (the module's state, as the tracer names it): each
+    parameter of `model` by its name there, each buffer by its value."""
+    import torch
+
+    names: dict[int, str] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), n)  # a tied parameter by the name stored first
+    states: dict[str, str | np.ndarray] = {}
+    for key, value in torch.jit._unique_state_dict(module, keep_vars=True).items():
+        if id(value) in names:
+            states[key] = names[id(value)]
+        else:
+            states[key] = value.detach().cpu().numpy()
+    return states

@@ -275,41 +275,6 @@ def test_an_int8_export_of_a_float_folder_requantizes_in_8_bits(tmp_path: Path) 
     assert spec["parity"]["calibration"]["argmax_agreement"] > 0.9
 
 
-def test_weights_read_from_beside_the_graph_quantize_as_those_held_in_memory(
-    tmp_path: Path,
-) -> None:
-    """Large traces keep their float32 weights in files beside the graph; the quantizer reads
-    them from there one at a time, with the same result as from memory."""
-    import onnx
-
-    from specx.exporter.nbits import quantize_graph
-    from tests.tiny_models import build_model, build_tokenizer
-
-    model = build_model("llama", 320, seed=4, hidden=64)
-    folder = save(model, build_tokenizer(320), tmp_path / "m")
-    export_pair(str(folder), [], tmp_path / "fp32", ExportOptions(max_length=64), quiet)
-    inline = onnx.load(str(tmp_path / "fp32" / "target.onnx"))
-    raw = tmp_path / "raw"
-    raw.mkdir()
-    onnx.save_model(
-        inline, str(raw / "x.onnx"), save_as_external_data=True, location="w", size_threshold=0
-    )
-    inline = onnx.load(str(tmp_path / "fp32" / "target.onnx"))  # saving moved its data out
-    beside = onnx.load(str(raw / "x.onnx"), load_external_data=False)
-    assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in beside.graph.initializer)
-    a = quantize_graph(inline, 4, 320, model, None)
-    b = quantize_graph(beside, 4, 320, model, None, base=raw)
-    assert a.to_json() == b.to_json()
-    from onnx.external_data_helper import load_external_data_for_model
-
-    load_external_data_for_model(beside, str(raw))
-    got = {t.name: onnx.numpy_helper.to_array(t) for t in beside.graph.initializer}
-    want = {t.name: onnx.numpy_helper.to_array(t) for t in inline.graph.initializer}
-    assert got.keys() == want.keys()
-    for name, value in want.items():
-        np.testing.assert_array_equal(got[name], value)
-
-
 def test_a_quantized_copy_of_a_quantized_target_is_refused_with_exit_2(
     files: dict[str, Path], tmp_path: Path
 ) -> None:

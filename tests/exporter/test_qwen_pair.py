@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from conftest import needs_exporter
@@ -48,24 +49,65 @@ def pair(tmp_path_factory: Any) -> Path:
     return out
 
 
-def test_the_int4_pair_carries_every_gguf_tensor_and_its_passes_agree(pair: Path) -> None:
+def test_the_int4_pair_carries_every_gguf_tensor_and_its_passes_part_only_at_near_ties(
+    pair: Path,
+) -> None:
+    """int8 compute: MatMulNBits' one-row and many-row kernels sum in different orders on some
+    CPUs (AVX2: they differ; measured bit-identical on the VM of an earlier session), and
+    activation rounding carries that through the layers. Where they differ, they may part only
+    where the two best logits lie within that difference."""
     manifest = json.loads((pair / "manifest.json").read_text())
     for spec in (manifest["target"], *manifest["drafts"]):
         assert spec["variant"] == "int4" and spec["attention"] == "plain"
         weights = spec["parity"]["weights"]
         assert weights["requantized"] == {} and sum(weights["carried"].values()) > 150
         calibration = spec["parity"]["calibration"]
-        assert calibration["passes_parted"] == 0
-        assert calibration["passes_max_abs_logit_diff"] == 0.0
+        assert calibration["passes_parted"] <= 0.05 * calibration["tokens"]
+        for gap in calibration["passes_parted_top2_gaps"]:
+            assert gap <= 2 * calibration["passes_max_abs_logit_diff"]
         assert calibration["argmax_agreement"] >= 0.9
     assert set(manifest["target"]["parity"]["weights"]["carried"]) == {"Q4_K", "Q6_K"}
 
 
-def test_greedy_speculation_on_the_int4_pair_equals_its_target_alone(pair: Path) -> None:
+def _one_token_gaps(pair: Path, ids: np.ndarray) -> np.ndarray:
+    """The target's top-2 logit gap after each of `ids`, one token a pass (as k=0 runs)."""
+    from specx.runtime.backends import OrtSession
+    from specx.runtime.contract import Manifest
+
+    spec = Manifest.read(pair).target
+    session = OrtSession(pair / spec.graph, spec, ["cpu"], max_chunk=1)
+    cache = session.new_cache(len(ids))
+    gaps = []
+    for token in ids:
+        top = np.sort(session.forward(np.array([token]), cache)[-1])[-2:]
+        gaps.append(float(top[1] - top[0]))
+    return np.array(gaps)
+
+
+def test_greedy_speculation_on_the_int4_pair_equals_its_target_alone_up_to_near_ties(
+    pair: Path,
+) -> None:
+    """Equal where the export measured bit-identical passes; elsewhere equal up to a token
+    where the target alone's two best logits lie within the passes' measured difference (a
+    bug in speculation would part where the target is sure)."""
+    calibration = json.loads((pair / "manifest.json").read_text())["target"]["parity"]
+    tolerance = 2 * calibration["calibration"]["passes_max_abs_logit_diff"]
     pipe = Pipeline.load(pair)
+    parted = 0
     for prompt in PROMPTS:
         alone = pipe.generate(prompt, chat=True, max_new_tokens=48, k=0)
+        prompt_ids = pipe.encode_prompt(prompt, chat=True)
         for k in (4, "auto"):
             spec = pipe.generate(prompt, chat=True, max_new_tokens=48, k=k, drafter="draft")
-            assert spec.token_ids == alone.token_ids, (prompt, k)
             assert spec.stats.new_tokens / spec.stats.target_passes > 1.5
+            if spec.token_ids == alone.token_ids:
+                continue
+            parted += 1
+            at = next(
+                i for i, (a, b) in enumerate(zip(spec.token_ids, alone.token_ids)) if a != b
+            )
+            ids = np.concatenate([prompt_ids, np.array(alone.token_ids[:at], np.int64)])
+            gap = _one_token_gaps(pair, ids)[-1]
+            assert gap <= tolerance, (prompt, k, at, gap, tolerance)
+    if tolerance == 0.0:
+        assert parted == 0

@@ -1,0 +1,131 @@
+"""Before an export starts: what it will write, hold in memory and take, from the configs alone;
+a clean refusal (exit 2, with the numbers and the fix) when the disk or the memory cannot hold it.
+
+The weights stream through the exporter one tensor at a time (graph_weights.py), so memory is
+set by the largest graph (the parity check runs it in ONNX Runtime), the largest single tensor
+(read in float32, with its quantization's temporaries), and the libraries themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specx.runtime.drafters import registry
+from specx.runtime.errors import ExportError
+
+from .drafts import DraftEntry
+from .plan import read_config, shape_from_config
+
+GB = 1e9
+# Bytes a graph stores per parameter, by precision: int4 bodies are 4-bit codes with a float32
+# scale and a zero point per block of 32 (GGUF K-quants carried in 8-bit lanes weigh more);
+# LM heads and embedding tables of int4 graphs are 8-bit blocks.
+BYTES_PER_PARAM = {"fp32": 4.0, "fp16": 2.0, "int8": 1.16, "int4": 0.75}
+TABLE_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 1.16, "int4": 1.16}
+LIBRARIES = 1.0 * GB  # torch, transformers, onnx and ONNX Runtime loaded
+SESSION_FACTOR = 1.3  # ONNX Runtime holding a graph for the parity check, with its buffers
+TENSOR_FACTOR = 4  # one tensor in float32 and its conversion's temporaries
+# A rough rate for the estimate: parameters streamed, converted and checked per second
+# (GGUF dequantization dominates; each model's weights are read three times). A guide for
+# the user, never a limit.
+PARAMS_PER_S = {"fp32": 12e6, "fp16": 12e6, "int8": 10e6, "int4": 10e6}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    disk_bytes: float
+    memory_bytes: float
+    seconds: float
+
+    def summary(self) -> str:
+        return (
+            f"about {self.disk_bytes / GB:.1f} GB on disk, {self.memory_bytes / GB:.1f} GB of "
+            f"memory at the peak, {max(1.0, self.seconds / 60):.0f} min"
+        )
+
+
+def _graph(config: Any, precision: str, name: str) -> tuple[float, float, float]:
+    """(graph bytes, largest float32 tensor's bytes, parameters) of one model at `precision`."""
+    shape = shape_from_config(config, name)
+    tables = shape.embedding_parameters
+    tied = getattr(config, "tie_word_embeddings", False) or config.model_type == "gpt2"
+    heads = tables if tied else 2 * tables
+    body = max(0, shape.num_parameters - heads)
+    size = body * BYTES_PER_PARAM[precision] + heads * TABLE_BYTES[precision]
+    hidden = getattr(config, "hidden_size", None) or config.n_embd
+    inner = getattr(config, "intermediate_size", None) or 4 * hidden
+    largest = 4.0 * max(tables, hidden * inner)
+    return size, largest, float(shape.num_parameters)
+
+
+def estimate(
+    target: str, drafts: list[DraftEntry], precision: str, draft_precision: str, batched: bool
+) -> Estimate:
+    config = read_config(target)
+    size, largest, params = _graph(config, precision, "target")
+    disk = size * (2 if batched else 1)
+    session = size
+    seconds = params * (2 if batched else 1) / PARAMS_PER_S[precision]
+    for d in drafts:
+        recipe = d.kind.export
+        if recipe == registry.EXPORT_QUANTIZED:  # quantized from the target's float32 graph
+            fp32, _, _ = _graph(config, "fp32", d.name)
+            own, _, _ = _graph(config, d.kind.name, d.name)
+            disk += own
+            session = max(session, 2 * fp32)  # ONNX Runtime's quantizers hold the graph
+            seconds += params / PARAMS_PER_S["fp32"]
+        elif recipe == registry.EXPORT_MODEL:
+            dconfig = read_config(d.source)
+            dsize, dlargest, dparams = _graph(dconfig, draft_precision, d.name)
+            disk += dsize
+            session, largest = max(session, dsize), max(largest, dlargest)
+            seconds += dparams / PARAMS_PER_S[draft_precision]
+    memory = LIBRARIES + SESSION_FACTOR * session + TENSOR_FACTOR * largest
+    return Estimate(disk, memory, seconds)
+
+
+def available_memory() -> float | None:
+    """MemAvailable (Linux), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def free_disk(output: Path) -> float:
+    """Free bytes where `output` will be written (its nearest existing folder)."""
+    folder = output.absolute().parent
+    while not folder.exists():
+        folder = folder.parent
+    return float(shutil.disk_usage(folder).free)
+
+
+def preflight(output: Path, est: Estimate, log: Any) -> None:
+    """Log the estimate; refuse when the disk or the memory cannot hold the export."""
+    log(f"estimate: {est.summary()}")
+    if os.environ.get("SPECX_EXPORT_NO_PREFLIGHT"):
+        return
+    free = free_disk(output)
+    if free < est.disk_bytes * 1.05:
+        raise ExportError(
+            f"the export needs about {est.disk_bytes / GB:.1f} GB on disk; the folder of "
+            f"{output} has {free / GB:.1f} GB free",
+            "free disk space or write the artifact elsewhere (-o); int4 (--precision int4) "
+            "needs about a fifth of fp32's",
+        )
+    memory = available_memory()
+    if memory is not None and memory < est.memory_bytes:
+        raise ExportError(
+            f"the export needs about {est.memory_bytes / GB:.1f} GB of memory at its peak; "
+            f"{memory / GB:.1f} GB are available",
+            "close other programs, export at --precision int4, or set "
+            "SPECX_EXPORT_NO_PREFLIGHT=1 to try anyway",
+        )
