@@ -57,7 +57,7 @@ class ExternalData:
             ):
                 entry = tensor.external_data.add()
                 entry.key, entry.value = key, value
-            self.file.write(memoryview(array).cast("B"))
+            self.file.write(array.data)  # C-contiguous: its bytes, without a copy
             self.offset += array.nbytes
         self.graph.initializer.append(tensor)
         self.names.add(name)

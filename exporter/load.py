@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -233,10 +234,8 @@ def open_source(source: str, log: Log) -> SourceModel:
     weights = open_weights(path, meta_model(config))
     model = streamed_model(config, weights)
     if not kwargs:  # a folder's generation_config.json (end-of-turn ids), as from_pretrained
-        try:
+        with contextlib.suppress(OSError):
             model.generation_config = GenerationConfig.from_pretrained(str(local))
-        except OSError:
-            pass
     return SourceModel(model, tokenizer, source, time.perf_counter() - t0, weights)
 
 

@@ -1,7 +1,8 @@
 """int4 / int8 graphs: every MatMul on a weight becomes ONNX Runtime's MatMulNBits.
 
 Applied to the traced graph (weights as inputs), one weight at a time, each read from the source
-as transformers loads it and written out as blocks before the next (graph_weights.py). Each weight's blocks come, in this order of preference, from
+as transformers loads it and written out as blocks before the next (graph_weights.py). Each
+weight's blocks come, in this order of preference, from
 
 1. the GGUF file the model was loaded from, where its type maps exactly (blocks.py): the graph
    then computes with the file's own numbers, as llama.cpp does, with no second rounding;
@@ -227,9 +228,9 @@ class _Rewriter:
             return None
         if node.op_type == "MatMul":
             return w, False  # MatMul(x, W): W is [K, N] (GPT-2's Conv1D)
-        if node.op_type == "Gemm" and len(node.input) == 2:
-            if any(a.name == "transB" and a.i == 1 for a in node.attribute):
-                return w, True  # a head on a 2-D view: Gemm(h, W, transB=1)
+        trans_b = any(a.name == "transB" and a.i == 1 for a in node.attribute)
+        if node.op_type == "Gemm" and len(node.input) == 2 and trans_b:
+            return w, True  # a head on a 2-D view: Gemm(h, W, transB=1)
         return None
 
     def run(self) -> QuantReport:

@@ -143,8 +143,8 @@ def trace_graph(
     infer = torch._C._jit_pass_onnx_graph_shape_type_inference
     if weights_as_inputs:  # shapes from the inputs' types: computing on the stand-in's (never
         # written) weights would take their memory and minutes
-        torch._C._jit_pass_onnx_graph_shape_type_inference = lambda g, _p, opset: infer(
-            g, {}, opset
+        torch._C._jit_pass_onnx_graph_shape_type_inference = (
+            lambda graph, params_dict, opset_version: infer(graph, {}, opset_version)
         )
     try:
         with torch.no_grad(), warnings.catch_warnings():

@@ -136,12 +136,12 @@ class GgufSource(WeightSource):
             load_gguf_checkpoint,
         )
 
-        self.gguf = GgufBlocks(path, model.config)
+        self.gguf = self.blocks = GgufBlocks(path, model.config)
         parsed = load_gguf_checkpoint(str(path), return_tensors=False)
-        arch = self.gguf.arch_name
+        arch = self.blocks.arch_name
         self.processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=parsed["config"])
         to_hf = get_gguf_hf_weights_map(model, self.processor)
-        self.by_hf = {hf: g for g, hf in to_hf.items() if g in self.gguf.tensors}
+        self.by_hf = {hf: g for g, hf in to_hf.items() if g in self.blocks.tensors}
 
     def keys(self) -> set[str]:
         return set(self.by_hf)
@@ -150,7 +150,7 @@ class GgufSource(WeightSource):
         from gguf import dequantize
 
         name = self.by_hf[key]
-        tensor = self.gguf.tensors[name]
+        tensor = self.blocks.tensors[name]
         weights = dequantize(tensor.data, tensor.tensor_type)
         result = self.processor.process(
             weights=weights, name=name, tensor_key_mapping={}, parsed_parameters={}

@@ -104,7 +104,9 @@ def test_greedy_speculation_on_the_int4_pair_equals_its_target_alone_up_to_near_
                 continue
             parted += 1
             at = next(
-                i for i, (a, b) in enumerate(zip(spec.token_ids, alone.token_ids)) if a != b
+                i
+                for i, (a, b) in enumerate(zip(spec.token_ids, alone.token_ids, strict=False))
+                if a != b
             )
             ids = np.concatenate([prompt_ids, np.array(alone.token_ids[:at], np.int64)])
             gap = _one_token_gaps(pair, ids)[-1]
