@@ -211,7 +211,7 @@ def open_source(source: str, log: Log) -> SourceModel:
     are read a module at a time (sources.py) instead of loaded whole."""
     from transformers import GenerationConfig
 
-    from .sources import open_weights, streamed_model
+    from .sources import meta_model, open_weights, streamed_model
 
     t0 = time.perf_counter()
     folder, kwargs = _locate(source, log)
@@ -229,8 +229,6 @@ def open_source(source: str, log: Log) -> SourceModel:
                 "download the model to a folder first (a hub id needs network access)",
             ) from e
     path = local / kwargs["gguf_file"] if kwargs else local
-    from .sources import meta_model
-
     weights = open_weights(path, meta_model(config))
     model = streamed_model(config, weights)
     if not kwargs:  # a folder's generation_config.json (end-of-turn ids), as from_pretrained
