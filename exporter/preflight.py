@@ -31,7 +31,7 @@ SESSION_FACTOR = 1.3  # ONNX Runtime holding a graph for the parity check, with 
 TENSOR_FACTOR = 4  # one tensor in float32 and its conversion's temporaries
 # A rough rate for the estimate: parameters streamed, converted and checked per second on a
 # 2-core CPU (GGUF dequantization dominates: each model's weights are read once for the graph
-# and once per reference pass; docs/bench has the measured exports). A guide, never a limit.
+# and once per reference pass; the README gives a measured export). A guide, never a limit.
 PARAMS_PER_S = {"fp32": 6e6, "fp16": 6e6, "int8": 6e6, "int4": 6e6}
 
 
