@@ -203,7 +203,10 @@ def load_source(source: str, log: Log) -> SourceModel:
         ) from e
     tokenizer = _tokenizer(folder, kwargs, source)
     model.eval()
-    return SourceModel(model, tokenizer, source, time.perf_counter() - t0)
+    from .sources import LoadedWeights
+
+    weights = LoadedWeights(model)
+    return SourceModel(model, tokenizer, source, time.perf_counter() - t0, weights)
 
 
 def open_source(source: str, log: Log) -> SourceModel:

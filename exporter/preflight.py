@@ -18,6 +18,7 @@ from specx.runtime.drafters import registry
 from specx.runtime.errors import ExportError
 
 from .drafts import DraftEntry
+from .load import check_architecture
 from .plan import read_config, shape_from_config
 
 GB = 1e9
@@ -66,6 +67,7 @@ def estimate(
     target: str, drafts: list[DraftEntry], precision: str, draft_precision: str, batched: bool
 ) -> Estimate:
     config = read_config(target)
+    check_architecture(config, target)
     size, largest, params = _graph(config, precision, "target")
     disk = size * (2 if batched else 1)
     session = size
@@ -80,6 +82,7 @@ def estimate(
             seconds += params / PARAMS_PER_S["fp32"]
         elif recipe == registry.EXPORT_MODEL:
             dconfig = read_config(d.source)
+            check_architecture(dconfig, d.source)
             dsize, dlargest, dparams = _graph(dconfig, draft_precision, d.name)
             disk += dsize
             session, largest = max(session, dsize), max(largest, dlargest)

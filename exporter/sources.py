@@ -163,6 +163,20 @@ class GgufSource(WeightSource):
         return np.ascontiguousarray(result.weights, dtype=np.float32)
 
 
+class LoadedWeights(WeightSource):
+    """A model already loaded whole (`load.load_source`: distill trains on it anyway)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        self.params = dict(model.named_parameters(remove_duplicate=False))
+
+    def keys(self) -> set[str]:
+        return set(self.params)
+
+    def read(self, key: str) -> np.ndarray:
+        return np.asarray(self.params[key].detach().float().numpy())
+
+
 def open_weights(path: Path, model: Any) -> WeightSource:
     """The weight source of a local model (a .gguf file or a folder); `model` its meta model."""
     if path.suffix.lower() == ".gguf":
