@@ -75,10 +75,10 @@ class GraphWeights:
 
     states: dict[str, str | np.ndarray]  # graph input -> parameter name, or buffer value
     source: WeightSource
+    writer: ExternalData
     log: Callable[[str], None]
     layers: int
     role: str
-    writer: ExternalData | None = None
     _layer: int = -1
     _t0: float = field(default_factory=time.perf_counter)
 
@@ -97,13 +97,18 @@ class GraphWeights:
     def progress(self, layer: int | None) -> None:
         if layer is None or layer <= self._layer:
             return
-        if self._layer >= 0 and self.writer is not None:
+        if self._layer >= 0:
             took = time.perf_counter() - self._t0
             self.log(
                 f"  {self.role}: layer {self._layer + 1}/{self.layers} written, "
                 f"{self.writer.nbytes / 1e6:,.0f} MB in {took:.0f} s"
             )
         self._layer = layer
+
+    def ensure(self, name: str, dtype: Any) -> None:
+        """Graph input `name`, if a weight not written yet, as an initializer of `dtype`."""
+        if name in self.states and name not in self.writer.names:
+            self.writer.add(self.array(name).astype(dtype, copy=False), name)
 
     def finish(self) -> None:
         self.progress(self.layers)
@@ -130,33 +135,28 @@ def linear_transpose(node: Any, weights: GraphWeights, users: dict[str, list[Any
     )
 
 
-def write_float(model: Any, weights: GraphWeights, writer: ExternalData, dtype: Any) -> None:
+def write_float(model: Any, weights: GraphWeights, dtype: Any) -> None:
     """Every weight input of a float graph as an initializer of `dtype` (module docstring)."""
     from onnx import helper
 
     graph = model.graph
     users = consumers(graph)
     nodes: list[Any] = []
-
-    def ensure(name: str) -> None:
-        if name in weights.states and name not in writer.names:
-            writer.add(weights.array(name).astype(dtype, copy=False), name)
-
     for node in list(graph.node):
         if linear_transpose(node, weights, users):
             w = node.input[0]
             if len(users[w]) > 1:  # a tied head: Gemm on the one table (2-D: lm_head_logits)
-                ensure(w)
+                weights.ensure(w, dtype)
                 for r in users[node.output[0]]:
                     gemm = helper.make_node(
                         "Gemm", [r.input[0], w], list(r.output), transB=1, name=r.name
                     )
                     r.CopyFrom(gemm)
             else:
-                writer.add(weights.array(w).T.astype(dtype), node.output[0])
+                weights.writer.add(weights.array(w).T.astype(dtype), node.output[0])
             continue
         for name in node.input:
-            ensure(name)
+            weights.ensure(name, dtype)
         nodes.append(node)
     del graph.node[:]
     graph.node.extend(nodes)

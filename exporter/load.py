@@ -23,7 +23,7 @@ class SourceModel:
     tokenizer: Any  # a transformers fast tokenizer
     source: str
     load_s: float
-    weights: Any = None  # a sources.WeightSource when the model is streamed (open_source)
+    weights: Any  # a sources.WeightSource: the model's tensors one at a time
 
     @property
     def config(self) -> Any:
@@ -214,7 +214,7 @@ def open_source(source: str, log: Log) -> SourceModel:
     are read a module at a time (sources.py) instead of loaded whole."""
     from transformers import GenerationConfig
 
-    from .sources import meta_model, open_weights, streamed_model
+    from .sources import meta_model, open_weights, stream_weights
 
     t0 = time.perf_counter()
     folder, kwargs = _locate(source, log)
@@ -232,8 +232,9 @@ def open_source(source: str, log: Log) -> SourceModel:
                 "download the model to a folder first (a hub id needs network access)",
             ) from e
     path = local / kwargs["gguf_file"] if kwargs else local
-    weights = open_weights(path, meta_model(config))
-    model = streamed_model(config, weights)
+    model = meta_model(config)
+    weights = open_weights(path, model)
+    stream_weights(model, weights)
     if not kwargs:  # a folder's generation_config.json (end-of-turn ids), as from_pretrained
         with contextlib.suppress(OSError):
             model.generation_config = GenerationConfig.from_pretrained(str(local))

@@ -29,7 +29,7 @@ import numpy as np
 
 from .blocks import Blocks, quantize_float
 from .gguf_source import GgufBlocks
-from .graph_weights import ExternalData, GraphWeights, consumers, linear_transpose
+from .graph_weights import GraphWeights, consumers, linear_transpose
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 QUANTIZED = ("int8", "int4")
@@ -83,15 +83,14 @@ class _Rewriter:
         self,
         model: Any,
         bits: int,
-        gguf: GgufBlocks | None,
         vocab: int,
         accuracy: int,
         weights: GraphWeights,
-        writer: ExternalData,
         embedding: str | None,
     ) -> None:
-        self.bits, self.gguf, self.vocab, self.accuracy = bits, gguf, vocab, accuracy
-        self.weights, self.writer = weights, writer
+        self.bits, self.vocab, self.accuracy = bits, vocab, accuracy
+        self.gguf: GgufBlocks | None = weights.source.gguf
+        self.weights, self.writer = weights, weights.writer
         self.embedding = embedding  # the input embedding's parameter name
         self.graph = model.graph
         self.block_sums: dict[tuple[str, int], str] = {}  # (input, block) -> its block sums
@@ -250,8 +249,7 @@ class _Rewriter:
             found = self.weight_of(node, transposed)
             if found is None:
                 for name in node.input:
-                    if name in self.weights.states and name not in self.writer.names:
-                        self.add_init(self.weights.array(name).astype(np.float32), name)
+                    self.weights.ensure(name, np.float32)
                 nodes.append(node)
                 continue
             array = self.weights.array(found[0])
@@ -270,17 +268,14 @@ def quantize_graph(
     bits: int,
     vocab: int,
     weights: GraphWeights,
-    writer: ExternalData,
     embedding: str | None,
     compute: str = "int8",
 ) -> QuantReport:
     """Rewrite `model` (onnx ModelProto traced with its weights as inputs) in place: MatMuls on
-    weights become MatMulNBits of `bits` bits (see the module docstring), written by `writer`;
+    weights become MatMulNBits of `bits` bits (see the module docstring), written as they come;
     embedding: the input embedding's parameter name. Weights come from the source's GGUF blocks
     where it has them (weights.source.gguf)."""
-    gguf = weights.source.gguf
-    rewriter = _Rewriter(model, bits, gguf, vocab, COMPUTE[compute], weights, writer, embedding)
-    report = rewriter.run()
+    report = _Rewriter(model, bits, vocab, COMPUTE[compute], weights, embedding).run()
     # the tracer's intermediate shapes (some stale, e.g. rank 0) would contradict the new
     # Reshapes; ONNX Runtime infers them again
     del model.graph.value_info[:]

@@ -297,20 +297,17 @@ def export_graph(
     if attention == "batched":
         raise_opset(model)
     t0 = time.perf_counter()
-    weights = GraphWeights(graph_states(module, traced), src.weights, log, layers, role)
     writer = ExternalData(model.graph, folder / f"{graph_name}.data")
-    weights.writer = writer
+    weights = GraphWeights(graph_states(module, traced), src.weights, writer, log, layers, role)
     quantization = None
     try:
         if precision in QUANTIZED:
             embedding = _param_name(traced, traced.get_input_embeddings().weight)
-            report = quantize_graph(
-                model, int(precision[3:]), vocab, weights, writer, embedding, compute
-            )
+            report = quantize_graph(model, int(precision[3:]), vocab, weights, embedding, compute)
             quantization = report.to_json()
             log(f"  {role}: {precision} weights: {report.summary()}")
         else:
-            write_float(model, weights, writer, np.float16 if precision == "fp16" else np.float32)
+            write_float(model, weights, np.float16 if precision == "fp16" else np.float32)
     finally:
         writer.close()
     drop_weight_inputs(model, weights)

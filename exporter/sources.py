@@ -9,7 +9,7 @@ An export reads the source three ways, none of which holds the whole model in me
 - `stand_in(config, dtype)`: the model's structure with parameters of the right shapes whose
   memory is never touched (the kernel backs untouched pages with its shared zero page), for
   tracing the graph;
-- `streamed_model(config, source)`: the model itself, on the meta device, each module's
+- `stream_weights(meta_model(config), source)`: the model itself, on the meta device, each module's
   parameters read from the source just before its forward and dropped after it: the parity
   reference, running transformers' own forward with at most one module's weights in memory.
 
@@ -233,30 +233,32 @@ def stand_in(config: Any, dtype: Any) -> Any:
     return model
 
 
-def streamed_model(config: Any, source: WeightSource) -> Any:
-    """transformers' model of `config` whose modules read their weights from `source` just
-    before their forward and drop them after it (see the module docstring)."""
+def _load(module: Any, prefix: str, source: WeightSource) -> None:
+    """Give `module`'s own parameters their values from `source` (`prefix`: its name)."""
     import torch
 
-    model = meta_model(config)
+    for n, p in list(module._parameters.items()):
+        if p is not None:
+            array = source.tensor(f"{prefix}.{n}" if prefix else n)
+            value = torch.from_numpy(np.require(array, requirements="W"))  # writable for torch
+            module._parameters[n] = torch.nn.Parameter(value, requires_grad=False)
+
+
+def stream_weights(model: Any, source: WeightSource) -> Any:
+    """`model` (a meta_model) with modules that read their weights from `source` just before
+    their forward and drop them after it (see the module docstring)."""
     for prefix, module in model.named_modules():
         own = {n: p for n, p in module._parameters.items() if p is not None}
         if not own:
             continue
 
-        def load(mod: Any, _args: Any, prefix: str = prefix, own: dict[str, Any] = own) -> None:
-            if getattr(mod, "_specx_pinned", False):
-                return
-            for n in own:
-                full = f"{prefix}.{n}" if prefix else n
-                value = torch.from_numpy(np.require(source.tensor(full), requirements="W"))
-                mod._parameters[n] = torch.nn.Parameter(value, requires_grad=False)
+        def load(mod: Any, _args: Any, prefix: str = prefix) -> None:
+            if not getattr(mod, "_specx_pinned", False):
+                _load(mod, prefix, source)
 
         def unload(mod: Any, _args: Any, _out: Any, own: dict[str, Any] = own) -> None:
-            if getattr(mod, "_specx_pinned", False):
-                return
-            for n, p in own.items():
-                mod._parameters[n] = p
+            if not getattr(mod, "_specx_pinned", False):
+                mod._parameters.update(own)  # back to the meta parameters
 
         module.register_forward_pre_hook(load)
         module.register_forward_hook(unload)
@@ -266,14 +268,7 @@ def streamed_model(config: Any, source: WeightSource) -> Any:
 def pin(model: Any, modules: list[Any], source: WeightSource) -> None:
     """Load the weights of `modules` (of a streamed model) for good: what is read outside a
     forward (a feature head takes the target's embedding and LM head)."""
-    import torch
-
     prefixes = {id(m): n for n, m in model.named_modules()}
     for module in modules:
-        prefix = prefixes[id(module)]
-        for n, p in list(module._parameters.items()):
-            if p is not None:
-                array = source.tensor(f"{prefix}.{n}" if prefix else n)
-                value = torch.from_numpy(np.require(array, requirements="W"))
-                module._parameters[n] = torch.nn.Parameter(value, requires_grad=False)
+        _load(module, prefixes[id(module)], source)
         module._specx_pinned = True
