@@ -1,6 +1,7 @@
 """What `specx distill` trains and reports: the head unrolled as at run time ("training-time
 test", EAGLE-3), its soft targets and loss, the batches, the draft vocabulary, and the held-out
-acceptance of greedy chain drafts (the figures the report gives and scripts/head_acceptance.py
+acceptance of greedy chain drafts (the figures the report gives and
+scripts/diagnostics/head_acceptance.py
 reproduces)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import numpy as np
 
 from .distill_data import TOP, Sequence
 from .feature_head import FeatureHead
-from .wrap import apply_rotary
+from .graph_ops import apply_rotary
 
 
 def draft_vocabulary(sequences: list[Sequence], size: int, vocab: int) -> np.ndarray:

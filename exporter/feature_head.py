@@ -39,7 +39,7 @@ from torch import nn
 from specx.runtime.errors import ExportError
 
 from .drafts import HEAD_CONFIG as CONFIG
-from .wrap import apply_rotary, attention_bias, grouped_attention, reshape
+from .graph_ops import apply_rotary, attention_bias, grouped_attention, reshape
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
