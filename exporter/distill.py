@@ -61,8 +61,9 @@ from .load import Log, eos_token_ids, load_source, model_vocab_size
 DATA_FILE = "data.npz"
 CHECKPOINT_FILE = "checkpoint.pt"
 REPORT_FILE = "distill_report.json"
-# the shipped templated prompts used by default (of 1506): with 800 self-written requests and
-# 400 grounded tasks, the data of a SmolLM2-135M run on 2 CPU cores took 37 minutes
+# the shipped templated prompts used by default (of 1506): with the self-written requests and
+# grounded tasks, enough data for the head to train on within a CPU session (what a run took:
+# docs/models-and-drafters.md)
 SHIPPED_PROMPTS = 700
 
 

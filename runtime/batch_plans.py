@@ -86,8 +86,8 @@ class Plans:
         costs at least nothing. The bound at w is the largest over those c, computed once for
         every w. Where drafting does not pay (a full batch), the search skips every width but
         the first. (A bound that paired every row's largest gain with the cheapest pass and
-        the cheapest shared drafting of one row skipped few: at 4 rows of SmolLM2's chat
-        prompts it let through a median 7 of 9 widths: scripts/plan_costs.py.)"""
+        the cheapest shared drafting of one row let most widths through: the plan searches
+        per row count are printed by scripts/diagnostics/plan_costs.py.)"""
         base = self.base_tokens + sum(e[0] for e in self.expected)
         fixed_rows, least_k = self.fixed_shared_rows, max(1, self.fixed_shared_k)
         n_shared = sum(self.shares)

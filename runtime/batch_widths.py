@@ -53,11 +53,12 @@ class WidthPlanner:
 
     PER_TOKEN = 0.04
     # a catch-up token read by a draft model, as a share of a one-row one-token target pass,
-    # until measured (int8 SmolLM2 on 2 cores: about 1 ms against a 30 ms target pass)
+    # until measured: a catch-up reads many tokens in one pass, so each costs a small part of a
+    # one-token pass (docs/performance.md)
     CATCHUP_PRIOR = 0.05
     CATCHUP_MEASURED = 16  # tokens a catch-up must read to measure the cost of one
     # a draft model's pass, as a share of a one-row one-token target pass, until measured
-    # (the int8/int4 drafts of SmolLM2 measured 0.36-0.58: docs/bench/measurements.md)
+    # (what quantized drafts measure: docs/performance.md)
     DRAFT_PRIOR = 0.5
     # steps of evidence before a kind of step's realized rate counts as much as the estimate
     OUTCOME_PRIOR = 16.0
@@ -73,11 +74,11 @@ class WidthPlanner:
     # weighed for it: 1 step after the first such plan, twice as many after each next, up to
     # PLAIN_MOST; a plan that drafts, a row with a source not weighed yet, or a change of the
     # batch's rows plans again (alone, AdaptiveK probes after runs of K = 0 likewise). Where
-    # nothing pays to draft (a full batch on a CPU) each step's plan cost 0.2-0.35 ms of 19-26
-    # ms for nothing (scripts/plan_costs.py). A run does not weigh the rows' sources together
-    # (two rows with lookups, each weighed beside model rows): PLAIN_MOST bounds what that
-    # misses. Not asking the lookups either saved more on chat prompts and lost the drafting
-    # that pays at 2-3 rows of input-grounded ones (scripts/pass_mix.py --workload grounded)
+    # nothing pays to draft (a full batch on a CPU) planning every step costs time for nothing
+    # (what it costs: scripts/diagnostics/plan_costs.py). A run does not weigh the rows'
+    # sources together (two rows with lookups, each weighed beside model rows): PLAIN_MOST
+    # bounds what that misses. The rows' lookups are still asked during a run: drafting from
+    # them pays at a few rows of input-grounded prompts (scripts/diagnostics/pass_mix.py)
     PLAIN_MOST = 16
 
     def __init__(self, decay: float = 0.9) -> None:
@@ -126,8 +127,8 @@ class WidthPlanner:
 
         # scaled from a pass of the same kind where one was measured: the decoder runs one
         # token per row (or one row) on the target's gqa graph and several tokens over several
-        # rows on the batched graph, whose passes cost more from the first extra token on
-        # (8 rows, 2 wide: 1.35x one wide where 1.25x was expected from one-token passes)
+        # rows on the batched graph, whose passes cost more from the first extra token on than
+        # the one-token passes' costs would predict
         near = self._nearest_pass.get((rows, width))
         if near is None:
             kind = on_batched_graph(rows, width)
@@ -188,9 +189,8 @@ class WidthPlanner:
         with the model; the steps since it last did). Spread over the steps it is expected to
         go on drafting once caught up (`drafting_run` at `rows` rows), at most the steps it has
         left (its remaining tokens at `tokens_per_step`): where rows seldom draft, the next
-        step falls behind again, and the step that drafts pays the whole catch-up (the read
-        of a row's context for one drafting step at the end of a 2-request batch took up to 0.29
-        s on SmolLM2's int8 draft: scripts/catchup_trace.py)."""
+        step falls behind again, and the step that drafts pays the whole catch-up (a row's whole
+        context read for one drafting step can cost several target passes)."""
         return self.catchups_s(s, one_token_s, [tokens_per_step], rows)[0]
 
     def catchups_s(
@@ -369,11 +369,10 @@ class WidthPlanner:
         draft's confidence) from the costs of the one-row passes it has seen. A row alone is
         still planned while others read their prompts (it is not alone for long), and where it
         shared passes and its draft row lacks more than a step feeds: the last row of a batch
-        that did not draft would read its whole context into the draft model (about 100
-        tokens, 0.15-0.3 s on SmolLM2's int8 draft at 64 new tokens) for its last few tokens,
-        which that read must pay for. A row that never shared a pass decodes as alone,
-        catch-ups and all (it was planned whenever its hybrid's lookups had left its draft row
-        behind: 67 of 311 steps in a diagnostic, batching.md)."""
+        that did not draft would read its whole context into the draft model for its last few
+        tokens, which that read must pay for. A row that never shared a pass decodes as alone,
+        catch-ups and all (planning it whenever its hybrid's lookups had left its draft row
+        behind charged it for catch-ups that a row alone does not weigh)."""
         if self.pass_s(1, 1) is None:
             return False
         if not any(isinstance(s.policy, AdaptiveK) and s.source != NONE for s in active):

@@ -1,6 +1,7 @@
 """Which ONNX Runtime a graph needs: the operators of specx graphs and the oldest release that
-runs each of them correctly, as measured by scripts/ort_versions.py (the reference consumer on
-every graph kind under every release since 1.16; the table is in docs/artifact-format.md).
+runs each of them correctly, as measured by scripts/diagnostics/ort_versions.py (the reference
+consumer on every graph kind under every release since 1.16; the table is in
+docs/artifact-format.md).
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ MIN_ONNXRUNTIME: dict[str, tuple[tuple[int, int], str]] = {
     "com.microsoft:GatherBlockQuantized": (
         (1, 24),
         "int4/int8 graphs' embedding table (uint8 blocks with zero points): 1.22 and older "
-        "refuse the graph (INVALID_GRAPH); 1.23 not measured (scripts/ort_versions.py)",
+        "refuse the graph (INVALID_GRAPH); 1.23 not measured (scripts/diagnostics/ort_versions.py)",
     ),
     "ai.onnx:TensorScatter": (
         (1, 26),
         "the batched graph's TensorScatter (opset 24): 1.23 and older refuse opset 24, 1.24 has "
-        "no kernel for it (1.25 not measured; scripts/ort_batched.py)",
+        "no kernel for it (1.25 not measured; scripts/diagnostics/ort_batched.py)",
     ),
 }
 OLDEST_MEASURED = (1, 16)  # plain graphs (standard operators only) ran on every release measured

@@ -23,8 +23,9 @@ needs_exporter = pytest.mark.skipif(not HAS_EXPORTER, reason="needs specx[export
 
 
 def load_script(name: str) -> Any:
-    """A script of scripts/ (not a package) loaded as a module, for tests of its functions."""
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    """A diagnostic of scripts/diagnostics/ (not a package) loaded as a module, for tests of its
+    functions."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "diagnostics" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

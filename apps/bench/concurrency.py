@@ -126,8 +126,8 @@ def work_units(
 
 def mode_order(modes: list[dict[str, Any]], turn: int) -> list[dict[str, Any]]:
     """The modes in the order a unit of work runs them: turned by one each unit, so that no
-    mode always runs first or last (the VM's speed drifts, and a fixed order would charge the
-    drift to the same modes every time)."""
+    mode always runs first or last (a shared machine's speed drifts, and a fixed order would
+    charge the drift to the same modes every time)."""
     turn %= len(modes)
     return modes[turn:] + modes[:turn]
 
@@ -217,7 +217,7 @@ def _pair(
     raw: dict[str, dict[str, list[Any]]], modes: list[dict[str, Any]], rows: list[dict[str, Any]]
 ) -> None:
     """Ratios taken within each repeat, medians over repeats (the medians of the cells above
-    come from different minutes of a VM whose speed drifts; within a repeat every mode ran
+    come from different minutes of a machine whose speed drifts; within a repeat every mode ran
     within a few minutes of the others): per row, its tokens/s over its mode's alone
     ("x_alone_paired"), and for -k auto over the fastest other mode at that concurrency in the
     same repeat ("x_better_paired": the maximum of noisy figures, so it leans against -k

@@ -2,8 +2,8 @@
 
 Alone, a draft model costs a pass per drafted token. In a batch, each row drafting on its own would
 cost rows x K passes before every verify pass, though a one-token pass over several rows costs
-little more than over one (int8 SmolLM2 on 2 cores: 4 rows 1.24x one row; `scripts/batch_costs.py
---one-token`, docs/bench/batching.md). So the rows whose drafts run the same draft graph keep their
+little more than over one (measured by `scripts/diagnostics/batch_costs.py --one-token`;
+docs/bench/batching.md). So the rows whose drafts run the same draft graph keep their
 draft caches as rows of one ``BatchKVCache`` here, and their proposals advance in lockstep: each
 round feeds every row's next token in one pass (one token per row: a pass GroupQueryAttention takes
 over rows of different lengths), and a row whose proposal ends drops out of the next rounds. Rows

@@ -1,4 +1,5 @@
-"""scripts/lookup_by_match.py: the lookup's offers counted by the length of their match."""
+"""scripts/diagnostics/lookup_by_match.py: the lookup's offers counted by the length of their
+match."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-SCRIPT = Path(__file__).parents[2] / "scripts" / "lookup_by_match.py"
+SCRIPT = Path(__file__).parents[2] / "scripts" / "diagnostics" / "lookup_by_match.py"
 
 
 def test_each_offer_is_counted_under_its_match_length_with_the_run_verification_would_accept() -> (

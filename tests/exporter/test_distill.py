@@ -148,11 +148,12 @@ def test_a_distilled_head_drafts_what_the_target_says_on_its_training_prompts(
 def test_head_acceptance_script_measures_the_bench_prompts_as_the_held_out_report_does(
     distilled: dict[str, Any],
 ) -> None:
-    """scripts/head_acceptance.py: the target answers the bench's prompts and the head's chains
-    are scored on them; on the head's stored held-out data it gives the report's figures."""
+    """scripts/diagnostics/head_acceptance.py: the target answers the bench's prompts and the
+    head's chains are scored on them; on the head's stored held-out data it gives the report's
+    figures."""
     import importlib.util
 
-    path = Path(__file__).parents[2] / "scripts" / "head_acceptance.py"
+    path = Path(__file__).parents[2] / "scripts" / "diagnostics" / "head_acceptance.py"
     spec = importlib.util.spec_from_file_location("head_acceptance", path)
     assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)

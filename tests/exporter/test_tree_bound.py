@@ -1,5 +1,5 @@
-"""scripts/tree_bound.py: the best static draft tree and the bound on any tree, against brute
-force over every tree of a few nodes."""
+"""scripts/diagnostics/tree_bound.py: the best static draft tree and the bound on any tree,
+against brute force over every tree of a few nodes."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from specx.exporter.distill_train import OUTSIDE, chain_acceptance, tokens_per_pass
 
-SCRIPTS = Path(__file__).parents[2] / "scripts"
+SCRIPTS = Path(__file__).parents[2] / "scripts" / "diagnostics"
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Pass costs of the batched graph against the single-sequence graph, measured.
 
-    .venv/bin/python scripts/batch_costs.py ARTIFACT [--past 100] [--repeats 15] [--one-token]
-    .venv/bin/python scripts/batch_costs.py ARTIFACT --prefill [--repeats 12]
+    python scripts/diagnostics/batch_costs.py ARTIFACT [--past 100] [--repeats 15] [--one-token]
+    python scripts/diagnostics/batch_costs.py ARTIFACT --prefill [--repeats 12]
 
 For rows B in 1, 2, 4, 8 and pass widths S in 1, 2, 3, 5, the median time of one batched pass
 (every row at `past` cached positions) for batch rows of 128..1024 positions, next to the gqa

@@ -1,6 +1,6 @@
 """What -k auto's bookkeeping costs per batch step: deciding, planning, the drafter's lookup.
 
-    .venv/bin/python scripts/plan_costs.py ARTIFACT [--concurrency 4] [--batches 6]
+    python scripts/diagnostics/plan_costs.py ARTIFACT [--concurrency 4] [--batches 6]
         [--drafter ngram+int8] [--plain-most 0]
 
 Runs the chat workload's first five prompts with -k auto through `Pipeline.generate_batch`

@@ -1,6 +1,6 @@
 """Which target passes -k auto's batches run, next to speculation off's, at one concurrency.
 
-    .venv/bin/python scripts/pass_mix.py ARTIFACT [--concurrency 4] [--repeats 4]
+    python scripts/diagnostics/pass_mix.py ARTIFACT [--concurrency 4] [--repeats 4]
         [--drafter ngram+int8] [--workload chat] [--plain-most 0]
 
 Runs a workload's five prompts (chat unless --workload says) as `specx bench --concurrency`

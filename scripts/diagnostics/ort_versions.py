@@ -2,7 +2,7 @@
 (reference/consumer.py) on tiny artifacts of every graph kind, under older onnxruntime releases,
 against specx's own token ids.
 
-    .venv/bin/python scripts/ort_versions.py [VERSION ...]    (default: 1.16.3 .. 1.20.1)
+    python scripts/diagnostics/ort_versions.py [VERSION ...]    (default: 1.16.3 .. 1.20.1)
 
 Builds tiny Llama artifacts in a temporary folder: a gqa fp32 target with int8 and int4 drafts,
 and a plain fp32 target; and a tiny Qwen2 GGUF pair exported with --precision int4 (MatMulNBits
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 VERSIONS = (

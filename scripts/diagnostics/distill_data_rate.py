@@ -1,6 +1,6 @@
 """How fast `specx distill` makes its data by each route, on the same prompts, measured.
 
-    .venv/bin/python scripts/distill_data_rate.py TARGET [--prompts 48] [--rounds 2]
+    python scripts/diagnostics/distill_data_rate.py TARGET [--prompts 48] [--rounds 2]
 
 TARGET: what `specx distill` takes (a GGUF file, a Hugging Face folder). Both routes answer the
 same shipped chat prompts (every 15th, 160 new tokens) and record the taps and top-8

@@ -1,12 +1,12 @@
 """Which ONNX Runtime releases run the batched graph, measured.
 
-    .venv/bin/python scripts/ort_batched.py [VERSION ...]    (default: 1.20.1 .. 1.32.0)
+    python scripts/diagnostics/ort_batched.py [VERSION ...]    (default: 1.20.1 .. 1.32.0)
 
 Exports a tiny Llama with `--batched` into a temporary folder, then in each release's venv
-($TMPDIR/specx-ort-VERSION, as scripts/ort_versions.py makes them) runs the batched graph with
-plain numpy inputs: two rows prefilled together (9 tokens), then a joint 4-token pass at lengths
-9 and 5. Prints per release "ok" and the largest logit difference from this environment's
-onnxruntime, or the first line of the error.
+($TMPDIR/specx-ort-VERSION, as ort_versions.py in this folder makes them) runs the batched graph
+with plain numpy inputs: two rows prefilled together (9 tokens), then a joint 4-token pass at
+lengths 9 and 5. Prints per release "ok" and the largest logit difference from this
+environment's onnxruntime, or the first line of the error.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 VERSIONS = ("1.20.1", "1.21.1", "1.22.1", "1.23.2", "1.24.4", "1.26.0", "1.28.0", "1.30.0")
 
@@ -81,7 +81,7 @@ def main() -> int:
         for version in versions:
             python = Path(tempfile.gettempdir()) / f"specx-ort-{version}" / "bin" / "python"
             if not python.is_file():
-                print(f"{version}: no venv at {python.parent.parent} (scripts/ort_versions.py)")
+                print(f"{version}: no venv at {python.parent.parent} (ort_versions.py)")
                 continue
             out = root / f"{version}.npy"
             proc = subprocess.run(

@@ -1,6 +1,6 @@
 """Issue 16's three figures from `specx bench --concurrency` results (concurrency.json).
 
-    .venv/bin/python scripts/concurrency_goals.py RUN/concurrency.json [MORE.json ...]
+    python scripts/diagnostics/concurrency_goals.py RUN/concurrency.json [MORE.json ...]
 
 Per file: -k auto's aggregate tokens/s at 4 requests over -k auto alone (goal >= 2.5), its median
 latency at 4 over alone (goal <= 1.6), and at every concurrency (alone included) -k auto's

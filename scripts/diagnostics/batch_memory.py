@@ -1,6 +1,6 @@
 """Resident memory of one process while threads share a batching pipeline: a leak check.
 
-    .venv/bin/python scripts/batch_memory.py ARTIFACT [--phases 5] [--per-phase 150]
+    python scripts/diagnostics/batch_memory.py ARTIFACT [--phases 5] [--per-phase 150]
 
 Four threads stream short chat generations (-k auto, the artifact's default drafter) through
 `Pipeline.enable_batching(4)`; the process's VmRSS is printed after each phase. A flat line

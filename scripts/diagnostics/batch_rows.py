@@ -1,7 +1,7 @@
 """What each row of a batch did: its target passes, and the draft tokens it proposed and got
 accepted, for speculation off, a fixed K and -k auto.
 
-    .venv/bin/python scripts/batch_rows.py ARTIFACT [--concurrency 2] [--rounds 2] [--k 2]
+    python scripts/diagnostics/batch_rows.py ARTIFACT [--concurrency 2] [--rounds 2] [--k 2]
 
 Runs the chat workload's first five prompts as `specx bench --concurrency` does (batch after batch
 of `--concurrency` requests until every prompt ran, 64 new tokens, drafter ngram+int8, max K 4),

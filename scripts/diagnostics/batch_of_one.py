@@ -1,6 +1,6 @@
 """A batch of one (`generate_batch` with one prompt) against the same request alone.
 
-    .venv/bin/python scripts/batch_of_one.py ARTIFACT [--rounds 3] [--modes auto] [--between 0]
+    python scripts/diagnostics/batch_of_one.py ARTIFACT [--rounds 3] [--modes auto] [--between 0]
 
 A batch of one should decode as alone. Runs the chat workload's first five prompts (64 new tokens,
 ngram+int8, max K 4) each alone and as a batch of one in every mode of --modes (K values, "off",

@@ -1,6 +1,6 @@
 """How often a prompt lookup is right, by the length of the match it follows (offline, no timing).
 
-    .venv/bin/python scripts/lookup_by_match.py ARTIFACT [--workloads chat,code,grounded]
+    python scripts/diagnostics/lookup_by_match.py ARTIFACT [--workloads chat,code,grounded]
         [--max-new-tokens 64]
 
 The target answers each workload's prompts greedily (speculation off); then, at every position of

@@ -10,7 +10,8 @@ its token-by-token plan), with pass times drawn from the measured ones plus a fe
 noise, in the bench's order (repeat > workload > prompt, the policy carried over between
 generations as the pipeline does). The output: tokens/s per policy and K=auto / best fixed K.
 
-    python scripts/adaptive_sim.py ARTIFACT [--drafters int8,int4] [--prompts 3] [--seeds 3]
+    python scripts/diagnostics/adaptive_sim.py ARTIFACT [--drafters int8,int4] [--prompts 3]
+        [--seeds 3]
 """
 
 from __future__ import annotations

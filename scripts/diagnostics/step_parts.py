@@ -1,7 +1,7 @@
 """Where a batch step's time goes, and what a prompt's unread logits cost, measured.
 
-    .venv/bin/python scripts/step_parts.py ARTIFACT [--concurrency 8] [--rounds 3]
-    .venv/bin/python scripts/step_parts.py ARTIFACT --prefill-logits [--tokens 50] [--repeats 15]
+    python scripts/diagnostics/step_parts.py ARTIFACT [--concurrency 8] [--rounds 3]
+    python scripts/diagnostics/step_parts.py ARTIFACT --prefill-logits [--tokens 50] [--repeats 15]
 
 Default: runs the chat workload's prompts as `specx bench --concurrency` does (batch after batch
 of `--concurrency` requests until every prompt ran, 64 new tokens, drafter ngram+int8), warmed up

@@ -1,7 +1,7 @@
 """What -k auto's batch planner expected of its steps, and what they gave, next to speculation off.
 
-    .venv/bin/python scripts/batch_trace.py ARTIFACT [--concurrency 2] [--rounds 2] [--drafter D]
-    .venv/bin/python scripts/batch_trace.py ARTIFACT --bench [--rounds 2] [--drafter D]
+    python scripts/diagnostics/batch_trace.py ARTIFACT [--concurrency 2] [--rounds 2] [--drafter D]
+    python scripts/diagnostics/batch_trace.py ARTIFACT --bench [--rounds 2] [--drafter D]
 
 Runs the chat workload's prompts (as `specx bench --concurrency` does: batch after batch of
 `--concurrency` requests until every prompt ran, 64 new tokens) first once per mode to warm up

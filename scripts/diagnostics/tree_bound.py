@@ -1,13 +1,13 @@
 """What tree drafting could give a feature head on this machine: measured parts, and a bound.
 
-    .venv/bin/python scripts/tree_bound.py model.gguf HEAD ARTIFACT [--workloads chat,code,grounded]
-        [--depth 6] [--past 100] [--repeats 15]
+    python scripts/diagnostics/tree_bound.py model.gguf HEAD ARTIFACT
+        [--workloads chat,code,grounded] [--depth 6] [--past 100] [--repeats 15]
 
 Issue 17 asks for tree drafting (several candidates per position, verified in one pass under a
 tree attention mask) "where it pays more, measured". This measures what it could pay here before
 anyone builds it:
 
-1. offline (as scripts/head_acceptance.py): the target answers each workload's prompts greedily;
+1. offline (as head_acceptance.py): the target answers each workload's prompts greedily;
    the head unrolls `--depth` steps along the target's own tokens from every position and records
    the rank of the target's token among its draft logits at each step (true_token_ranks). Under
    greedy verification a draft tree accepts the longest prefix of the target's path that it holds.

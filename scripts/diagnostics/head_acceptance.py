@@ -1,6 +1,6 @@
 """A feature head's acceptance on the bench's prompts, offline: no timing, the same every run.
 
-    .venv/bin/python scripts/head_acceptance.py model.gguf HEAD [--workloads chat,code]
+    python scripts/diagnostics/head_acceptance.py model.gguf HEAD [--workloads chat,code]
         [--max-new-tokens 64] [--steps 4] [--stored]
 
 The target answers each workload's prompts greedily (specx's runtime route of `specx distill`:
@@ -36,7 +36,7 @@ def measure(
     ranks: dict[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Per workload (and the stored held-out data): the figures above. `ranks`, if given, also
-    receives each workload's true_token_ranks ([starts, steps]: scripts/tree_bound.py)."""
+    receives each workload's true_token_ranks ([starts, steps]: tree_bound.py)."""
     import torch
 
     from specx.apps.bench.runner import load_workloads
