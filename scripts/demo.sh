@@ -13,8 +13,8 @@ ARTIFACT="$ROOT/build/smollm2"
 PROMPT="${1:-Explain what a KV cache is and why it makes text generation faster.}"
 if [ ! -f "$ARTIFACT/manifest.json" ]; then
   # Drafts derived from the target (SmolLM2 has no smaller sibling): the default is n-gram lookup
-  # backed by an int8 copy of the target (ngram+int8); an int4 copy is there too. The README
-  # says what each gains on this machine.
+  # backed by an int8 copy of the target (ngram+int8); an int4 copy is there too. What each
+  # gained where it was measured: docs/models-and-drafters.md.
   "$VENV/bin/specx" export --target "$GGUF" --draft ngram+int8 --draft int4 -o "$ARTIFACT"
 fi
 "$VENV/bin/specx" info "$ARTIFACT"
