@@ -5,7 +5,7 @@
 #   scripts/demo_qwen.sh ["your prompt"]
 #   SPECX_QWEN_PRECISION=fp32 scripts/demo_qwen.sh   # the float32 graphs instead (7 GB, slower)
 # The artifact goes to build/qwen-coder-<precision> (reused; delete it to re-export). The int4
-# export peaks at about 6 GB of memory and takes about 8 minutes on 2 cores; run it alone.
+# export's time and peak memory are in the README's quick start; run it alone.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
