@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import socket
 import stat
 import subprocess
@@ -83,7 +84,7 @@ def test_every_specx_command_in_the_readme_and_docs_parses() -> None:
                 except click.ClickException as e:
                     pytest.fail(f"{path.name}: specx {shlex.join(argv)}: {e.format_message()}")
                 checked += 1
-    assert checked >= 20  # the README's quick start and results, and the docs' examples
+    assert checked >= 40  # the README's quick start and results, and the docs' examples
 
 
 def test_a_misspelled_flag_or_subcommand_fails_the_parse() -> None:
@@ -136,6 +137,7 @@ def _scratch(folder: Path) -> None:
 def test_the_readme_quick_start_runs_as_written_on_tiny_models(tmp_path: Path) -> None:
     pytest.importorskip("gguf")
     pytest.importorskip("uvicorn")
+    assert shutil.which("curl"), "the README's serve example needs curl"
     quick = section(README.read_text(encoding="utf-8"), "Quick start")
     for script in re.findall(r"scripts/[\w./-]+\.sh", quick):  # what the stand-ins replace
         assert os.access(ROOT / script, os.X_OK), f"the README names {script}, which is missing"
