@@ -213,25 +213,31 @@ CARRIED = {  # GGUF type -> (bits stored, block)
 }
 
 
-def from_gguf(kind: str, raw: np.ndarray, rows: int, cols: int) -> Blocks:
-    """A GGUF tensor's blocks (raw: [rows, bytes per row] uint8) as Blocks [rows, cols]."""
+def from_gguf(kind: str, raw: np.ndarray, rows: int, cols: int, chunk: int = 4096) -> Blocks:
+    """A GGUF tensor's blocks (raw: [rows, bytes per row] uint8) as Blocks [rows, cols], decoded
+    `chunk` rows at a time (the decoder's temporaries are several times the codes' size)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     bits, block = CARRIED[kind]
     per_row = raw.shape[1]
-    flat = np.ascontiguousarray(raw).reshape(-1)
     size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]][1]  # bytes per block
-    nb = flat.size // size
-    if nb * size != rows * per_row:
+    if per_row % size or raw.shape[0] != rows:
         raise ValueError(f"{kind}: {rows} x {per_row} bytes is no whole number of blocks")
-    codes, scale, zero, shift = _decode(kind, flat.reshape(nb, size))
     sub = cols // block
-    return Blocks(
-        codes.reshape(rows, cols),
-        np.ascontiguousarray(scale.reshape(rows, sub), dtype=np.float32),
-        np.ascontiguousarray(np.broadcast_to(zero, scale.shape).reshape(rows, sub)),
-        None if shift is None else np.ascontiguousarray(shift.reshape(rows, sub), np.float32),
-        bits,
-        block,
-        kind,
-    )
+    codes = np.empty((rows, cols), np.uint8)
+    scale = np.empty((rows, sub), np.float32)
+    zero = np.empty((rows, sub), np.uint8)
+    shift = None
+    for start in range(0, rows, chunk):
+        part = slice(start, min(rows, start + chunk))
+        n = part.stop - start
+        flat = np.ascontiguousarray(raw[part]).reshape(-1, size)
+        c, sc, z, sh = _decode(kind, flat)
+        codes[part] = c.reshape(n, cols)
+        scale[part] = sc.reshape(n, sub)
+        zero[part] = np.broadcast_to(z, sc.shape).reshape(n, sub)
+        if sh is not None:
+            if shift is None:
+                shift = np.empty((rows, sub), np.float32)
+            shift[part] = sh.reshape(n, sub)
+    return Blocks(codes, scale, zero, shift, bits, block, kind)

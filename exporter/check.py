@@ -9,6 +9,7 @@ the export fails.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from specx.runtime.errors import ExportError
 
 from .load import Log, SourceModel
 from .nbits import QUANTIZED
+from .sources import release_heap
 
 # fp32 graph vs fp32 torch: differences come from summation order only. Relative to the largest
 # logit, so that it fits models whose logits are O(1) (random tests) and O(30) (trained models).
@@ -34,11 +36,46 @@ def relative_tolerance(spec: ModelSpec) -> float:
     return FP16_RELATIVE_TOLERANCE if spec.dtype == "float16" else FP32_RELATIVE_TOLERANCE
 
 
-def check_parity(
-    src: SourceModel, folder: Path, spec: ModelSpec, check_k: int, log: Log
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Reference:
+    """The source model's scores for one token sequence."""
+
+    tokens: np.ndarray  # [T]
+    logits: np.ndarray  # [T, V]
+    features: np.ndarray | None  # [T, F]: the hidden states a feature draft reads, if any
+
+
+def references(
+    src: SourceModel, sequences: list[np.ndarray], taps: tuple[int, ...] = ()
+) -> list[Reference]:
+    """The source model's logits for several sequences from one forward pass over them, each
+    right-padded to the longest: a causal model's scores at a position depend only on the tokens
+    up to it, so what follows a sequence leaves its scores alone, and a streamed source reads
+    (and dequantizes) its weights once for all of them."""
     import torch
 
+    longest = max(len(s) for s in sequences)
+    batch = np.zeros((len(sequences), longest), dtype=np.int64)
+    for row, seq in enumerate(sequences):
+        batch[row, : len(seq)] = seq
+    with torch.no_grad():
+        out = src.model(torch.from_numpy(batch), output_hidden_states=bool(taps))
+    result = []
+    for row, seq in enumerate(sequences):
+        n = len(seq)
+        features = (
+            torch.cat([out.hidden_states[t][row, :n] for t in taps], -1).float().numpy()
+            if taps
+            else None
+        )  # Hugging Face numbering of the layers: runtime/contract.py
+        result.append(Reference(seq, out.logits[row, :n].float().numpy(), features))
+    del out
+    release_heap()
+    return result
+
+
+def parity_tokens(src: SourceModel, spec: ModelSpec, check_k: int) -> np.ndarray:
+    """Random tokens for a prefill, a one-token decode step and a verify step of K + 1."""
     k = max(1, check_k)
     prefill = max(1, min(PREFILL_TOKENS, spec.max_length - k - 2))
     total = prefill + 1 + k + 1
@@ -48,17 +85,52 @@ def check_parity(
             "use a larger --max-length",
         )
     token_range = min(len(src.tokenizer), spec.vocab_size)
-    ids = np.random.default_rng(0).integers(0, token_range, size=total).astype(np.int64)
-    taps = spec.feature_layers
-    with torch.no_grad():
-        out = src.model(torch.from_numpy(ids)[None], output_hidden_states=bool(taps))
-        reference = out.logits[0].float().numpy()  # [T, V]
-        # the features a feature draft reads (Hugging Face numbering: runtime/contract.py)
-        ref_features = (
-            torch.cat([out.hidden_states[t][0] for t in taps], -1).float().numpy() if taps else None
-        )  # [T, F]
+    return np.random.default_rng(0).integers(0, token_range, size=total).astype(np.int64)
 
-    session = OrtSession(folder / spec.graph, spec, ["cpu"], max_chunk=max(prefill, k + 1))
+
+def check_graph(
+    src: SourceModel,
+    folder: Path,
+    spec: ModelSpec,
+    check_k: int,
+    log: Log,
+    calibration: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """check_parity, and for a quantized graph quantized_quality along `calibration`, from one
+    reference pass of the source model and one session of the graph."""
+    k = max(1, check_k)
+    sequences = [parity_tokens(src, spec, k)]
+    if calibration is not None:
+        sequences.append(calibration[: spec.max_length])
+    refs = references(src, sequences, spec.feature_layers)
+    chunk = max(len(refs[0].tokens) - k - 2, k + 1)
+    session = OrtSession(folder / spec.graph, spec, ["cpu"], max_chunk=chunk)
+    result = check_parity(src, folder, spec, k, log, refs[0], session)
+    if calibration is not None:
+        result["calibration"] = quantized_quality(src, folder, spec, refs[1], k, log, session)
+    return result
+
+
+def check_parity(
+    src: SourceModel,
+    folder: Path,
+    spec: ModelSpec,
+    check_k: int,
+    log: Log,
+    ref: Reference | None = None,
+    session: OrtSession | None = None,
+) -> dict[str, Any]:
+    """The graph's prefill, decode and verify (K + 1) passes against the source model's
+    scores of the same random tokens (`ref`: already computed for parity_tokens)."""
+    k = max(1, check_k)
+    taps = spec.feature_layers
+    ref = ref or references(src, [parity_tokens(src, spec, k)], taps)[0]
+    ids, reference, ref_features = ref.tokens, ref.logits, ref.features
+    total = len(ids)
+    prefill = total - k - 2
+    session = session or OrtSession(
+        folder / spec.graph, spec, ["cpu"], max_chunk=max(prefill, k + 1)
+    )
     cache = session.new_cache(total)
     stages = {
         "prefill": (0, prefill),
@@ -121,14 +193,11 @@ def check_batch_parity(src: SourceModel, folder: Path, spec: ModelSpec, log: Log
     pass: rows prefilled alone (9 and 5 tokens), then a joint pass where row 0 verifies 4 tokens
     and row 1 takes 2 real tokens plus 2 of padding, then a joint one-token step on top of what
     each row kept (row 1's padded slots must not leak into it)."""
-    import torch
-
     lengths = (9, 5)
     token_range = min(len(src.tokenizer), spec.vocab_size)
     rng = np.random.default_rng(1)
     seqs = [rng.integers(0, token_range, size=n + 5).astype(np.int64) for n in lengths]
-    with torch.no_grad():
-        reference = [src.model(torch.from_numpy(s)[None]).logits[0].float().numpy() for s in seqs]
+    reference = [r.logits for r in references(src, seqs)]
     session = OrtSession(folder / spec.graph, spec, ["cpu"], max_chunk=16)
     cache = session.new_batch_cache(2, min(spec.max_length, 32))
     worst = 0.0
@@ -172,19 +241,21 @@ MIN_QUANTIZED_AGREEMENT = 0.5
 
 
 def quantized_quality(
-    src: SourceModel, folder: Path, spec: ModelSpec, tokens: np.ndarray, k: int, log: Log
+    src: SourceModel,
+    folder: Path,
+    spec: ModelSpec,
+    ref: Reference,
+    k: int,
+    log: Log,
+    session: OrtSession | None = None,
 ) -> dict[str, Any]:
     """An int4/int8 graph along a natural text (teacher-forced), against its float32 source:
     argmax agreement and max |dlogit|; and against itself, one token a pass (decode) versus
     K + 1 tokens a pass (verify): how often the two pick different tokens, and the top-2 gap
     of the one-token logits where they do (near-ties, or a real disagreement of the passes)."""
-    import torch
-
-    tokens = tokens[: min(len(tokens), spec.max_length)]
+    tokens, reference = ref.tokens, ref.logits
     n = len(tokens)
-    with torch.no_grad():
-        reference = src.model(torch.from_numpy(tokens)[None]).logits[0].float().numpy()
-    session = OrtSession(folder / spec.graph, spec, ["cpu"], max_chunk=max(k + 1, 1))
+    session = session or OrtSession(folder / spec.graph, spec, ["cpu"], max_chunk=k + 1)
     passes = {}
     for width in (1, k + 1):
         cache = session.new_cache(n)

@@ -23,10 +23,11 @@ from specx.runtime.contract import Manifest, ModelSpec
 from specx.runtime.drafters import registry
 from specx.runtime.errors import ExportError
 
-from .check import check_batch_parity, check_parity, quantized_quality
+from .check import check_batch_parity, check_graph
 from .drafts import DraftEntry, default_drafter, resolve_drafts
 from .engines import build_engines
 from .feature_head import HeadCheckpoint, build_head, read_head
+from .gguf_source import parsed_once
 from .head_export import check_head_parity, export_head
 from .load import SourceModel, chat_template, check_pair, open_source, special_tokens
 from .nbits import COMPUTE, PRECISIONS, QUANTIZED
@@ -178,15 +179,18 @@ def export_pair(
                 "need an fp32 profile",
                 "use a model draft or ngram with fp16 profiles",
             )
-    _preflight(output, target, entries, options, profile, log)
-    with StagedFolder(output, log) as staged:
-        manifest = _export_into(staged.path, target, entries, options, profile, log, auto_attention)
-        if options.engines and profile is not None:
-            log("building TensorRT engines")
-            engines = build_engines(staged.path, manifest, profile, log)
-            manifest = dataclasses.replace(manifest, engines=tuple(engines))
-            manifest.write(staged.path)
-        staged.publish()
+    with parsed_once():  # the preflight and the export read each GGUF file's header once
+        _preflight(output, target, entries, options, profile, log)
+        with StagedFolder(output, log) as staged:
+            manifest = _export_into(
+                staged.path, target, entries, options, profile, log, auto_attention
+            )
+            if options.engines and profile is not None:
+                log("building TensorRT engines")
+                engines = build_engines(staged.path, manifest, profile, log)
+                manifest = dataclasses.replace(manifest, engines=tuple(engines))
+                manifest.write(staged.path)
+            staged.publish()
     return manifest
 
 
@@ -262,11 +266,10 @@ def _export_into(
         )
         timings[f"{graph}_export_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        parity = spec.parity | check_parity(src, folder, spec, options.check_k, log)
-        if precision in QUANTIZED and attention != "batched":
-            tokens = np.asarray(src.tokenizer(CALIBRATION_TEXT)["input_ids"], dtype=np.int64)
-            quality = quantized_quality(src, folder, spec, tokens, options.check_k, log)
-            parity["calibration"] = quality
+        calibration = None
+        if precision in QUANTIZED and attention != "batched":  # judged along a text
+            calibration = np.asarray(src.tokenizer(CALIBRATION_TEXT)["input_ids"], dtype=np.int64)
+        parity = spec.parity | check_graph(src, folder, spec, options.check_k, log, calibration)
         timings[f"{graph}_parity_s"] = time.perf_counter() - t0
         return dataclasses.replace(spec, parity=parity)
 

@@ -9,6 +9,10 @@ files apply to q/k), else the caller requantizes it and reports that.
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import mmap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,7 @@ ROW_PROCESSORS = ("TensorProcessor", "LlamaTensorProcessor", "Gemma2TensorProces
 # Carried blocks must dequantize to the loaded parameter up to float32 rounding of the product.
 MATCH_RELATIVE = 1e-5
 CHECK_ROWS = 4096
+ARCHITECTURE = "general.architecture"
 
 
 class GgufBlocks:
@@ -33,7 +38,7 @@ class GgufBlocks:
 
         self.reader = GGUFReader(str(path))
         self.tensors = {t.name: t for t in self.reader.tensors}
-        field = self.reader.fields["general.architecture"]
+        field = self.reader.fields[ARCHITECTURE]
         arch_name = bytes(field.parts[field.data[0]]).decode()
         self.arch_name = arch_name
         arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch_name)
@@ -41,6 +46,13 @@ class GgufBlocks:
         self.names = get_tensor_name_map(arch, layers)
         cls = TENSOR_PROCESSORS.get(arch_name, TensorProcessor)
         self.processor = cls(config=config.to_dict()) if cls.__name__ in ROW_PROCESSORS else None
+
+    def release(self) -> None:
+        """Drop the file's pages from this process's resident memory (they stay in the page
+        cache): each tensor is read once, and a mapping's touched pages count as resident."""
+        mapping = getattr(self.reader.data, "_mmap", None)  # numpy.memmap's mmap object
+        if mapping is not None and hasattr(mmap, "MADV_DONTNEED"):
+            mapping.madvise(mmap.MADV_DONTNEED)
 
     def gguf_name(self, hf_name: str) -> str | None:
         base, _, suffix = hf_name.rpartition(".")
@@ -76,6 +88,7 @@ class GgufBlocks:
             got = blocks.rows(start, start + CHECK_ROWS).dequantize()
             if float(np.max(np.abs(got - weight[start : start + CHECK_ROWS]))) > tolerance:
                 return None, f"{kind} blocks differ from the loaded weights"
+        self.release()
         return blocks, kind
 
     def _row_order(self, name: str, rows: int) -> np.ndarray | None:
@@ -88,8 +101,41 @@ class GgufBlocks:
         return None if np.array_equal(order, np.arange(rows)) else order
 
 
-def open_gguf(source: str, config: Any) -> GgufBlocks | None:
-    path = Path(source).expanduser()
-    if path.suffix.lower() != ".gguf" or not path.is_file():
-        return None
-    return GgufBlocks(path, config)
+@contextlib.contextmanager
+def parsed_once() -> Iterator[None]:
+    """Within the block each GGUF file is parsed once. transformers' loader parses the whole file
+    for the config, again for the tokenizer, and GgufBlocks reads it for the tensors; each parse
+    walks the vocabulary's fields (hundreds of thousands of strings) in Python, and a reader
+    holding them takes more memory than the vocabulary's text (half a GB for 151,936 tokens):
+    once the loader has read them, the shared reader keeps only the tensors."""
+    import gguf
+    import transformers.modeling_gguf_pytorch_utils as hf_gguf
+
+    make_reader, load_checkpoint = gguf.GGUFReader, hf_gguf.load_gguf_checkpoint
+    readers: dict[tuple[str, str], Any] = {}
+    checkpoints: dict[str, dict[str, Any]] = {}
+
+    def reader(path: Any, mode: Any = "r") -> Any:
+        key = (str(Path(path).resolve()), str(mode))
+        if key not in readers:
+            readers[key] = make_reader(path, mode)
+        return readers[key]
+
+    def checkpoint(path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        if args or set(kwargs) - {"return_tensors"} or kwargs.get("return_tensors"):
+            return load_checkpoint(path, *args, **kwargs)  # tensors: not what is shared here
+        key = str(Path(path).resolve())
+        if key not in checkpoints:
+            checkpoints[key] = load_checkpoint(path, return_tensors=False)
+            for (name, _), kept in readers.items():
+                if name == key:  # its fields are parsed now: GgufBlocks needs one of them
+                    kept.fields = {k: v for k, v in kept.fields.items() if k == ARCHITECTURE}
+        return copy.deepcopy(checkpoints[key])  # callers pop and rewrite the dicts
+
+    setattr(gguf, "GGUFReader", reader)  # noqa: B010  (a module attribute, patched for the block)
+    setattr(hf_gguf, "load_gguf_checkpoint", checkpoint)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(gguf, "GGUFReader", make_reader)  # noqa: B010
+        setattr(hf_gguf, "load_gguf_checkpoint", load_checkpoint)  # noqa: B010

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .sources import WeightSource, layer_of
+from .sources import WeightSource, layer_of, release_heap
 
 INLINE_BYTES = 1024  # smaller tensors stay in the graph proto (onnx's own threshold)
 ALIGN = 4096  # large tensors start on a page: ONNX Runtime can map them
@@ -97,6 +97,7 @@ class GraphWeights:
     def progress(self, layer: int | None) -> None:
         if layer is None or layer <= self._layer:
             return
+        release_heap()
         if self._layer >= 0:
             took = time.perf_counter() - self._t0
             self.log(

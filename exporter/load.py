@@ -214,26 +214,28 @@ def open_source(source: str, log: Log) -> SourceModel:
     are read a module at a time (sources.py) instead of loaded whole."""
     from transformers import GenerationConfig
 
+    from .gguf_source import parsed_once
     from .sources import meta_model, open_weights, stream_weights
 
     t0 = time.perf_counter()
     folder, kwargs = _locate(source, log)
-    config = _config(folder, kwargs, source)
-    tokenizer = _tokenizer(folder, kwargs, source)
-    local = Path(folder)
-    if not local.is_dir():  # a hub id: the files, fetched once
-        try:
-            from huggingface_hub import snapshot_download
+    with parsed_once() if kwargs else contextlib.nullcontext():  # a .gguf: parsed once
+        config = _config(folder, kwargs, source)
+        tokenizer = _tokenizer(folder, kwargs, source)
+        local = Path(folder)
+        if not local.is_dir():  # a hub id: the files, fetched once
+            try:
+                from huggingface_hub import snapshot_download
 
-            local = Path(snapshot_download(folder))
-        except (OSError, ValueError) as e:
-            raise ExportError(
-                f"cannot fetch {source}: {str(e).splitlines()[0][:300]}",
-                "download the model to a folder first (a hub id needs network access)",
-            ) from e
-    path = local / kwargs["gguf_file"] if kwargs else local
-    model = meta_model(config)
-    weights = open_weights(path, model)
+                local = Path(snapshot_download(folder))
+            except (OSError, ValueError) as e:
+                raise ExportError(
+                    f"cannot fetch {source}: {str(e).splitlines()[0][:300]}",
+                    "download the model to a folder first (a hub id needs network access)",
+                ) from e
+        path = local / kwargs["gguf_file"] if kwargs else local
+        model = meta_model(config)
+        weights = open_weights(path, model)
     stream_weights(model, weights)
     if not kwargs:  # a folder's generation_config.json (end-of-turn ids), as from_pretrained
         with contextlib.suppress(OSError):

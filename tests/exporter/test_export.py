@@ -221,7 +221,7 @@ def test_a_failure_mid_export_keeps_the_previous_artifact_and_leaves_nothing_par
     def broken_parity(*args: Any, **kwargs: Any) -> None:
         raise fault
 
-    monkeypatch.setattr(exporter, "check_parity", broken_parity)
+    monkeypatch.setattr(exporter, "check_graph", broken_parity)
     with pytest.raises(type(fault)):
         export_pair(target, [], out, ExportOptions(max_length=64, force=True), log=quiet)
     assert Manifest.read(out).pair_id == before.pair_id

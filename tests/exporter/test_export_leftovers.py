@@ -102,7 +102,7 @@ def test_a_failed_export_removes_its_own_folder_and_lock(
     def broken(*args: Any, **kwargs: Any) -> None:
         raise fault
 
-    monkeypatch.setattr(exporter, "check_parity", broken)
+    monkeypatch.setattr(exporter, "check_graph", broken)
     with pytest.raises(type(fault)):
         export_pair(target, [], tmp_path / "out", ExportOptions(max_length=64), log=print)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]
