@@ -27,13 +27,15 @@ GB = 1e9
 # LM heads and embedding tables of int4 graphs are 8-bit blocks.
 BYTES_PER_PARAM = {"fp32": 4.0, "fp16": 2.0, "int8": 1.16, "int4": 0.75}
 TABLE_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 1.16, "int4": 1.16}
-LIBRARIES = 1.0 * GB  # torch, transformers, onnx and ONNX Runtime loaded
-SESSION_FACTOR = 1.3  # ONNX Runtime holding a graph for the parity check, with its buffers
-TENSOR_FACTOR = 4  # one tensor in float32 and its conversion's temporaries
+LIBRARIES = 1.5 * GB  # torch, transformers, onnx, ONNX Runtime, tokenizers and the sources open
+# ONNX Runtime holding a graph for the parity check, per byte of the graph: float graphs are
+# read into memory once; MatMulNBits keeps a prepacked copy of its blocks beside them.
+SESSION_FACTOR = {"fp32": 1.1, "fp16": 1.1, "int8": 1.5, "int4": 1.5}
+# One tensor in float32 while it is converted (GGUF rows are dequantized and quantized in slices).
+TENSOR_FACTOR = 2.5
 # A rough rate for the estimate: parameters streamed, converted and checked per second on a
-# 2-core CPU (GGUF dequantization dominates: each model's weights are read once for the graph
-# and once per reference pass; the README gives a measured export). A guide, never a limit.
-PARAMS_PER_S = {"fp32": 6e6, "fp16": 6e6, "int8": 6e6, "int4": 6e6}
+# 2-core CPU (docs/performance.md gives a measured export). A guide, never a limit.
+PARAMS_PER_S = 1.5e7
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,8 @@ def estimate(
     check_architecture(config, target)
     size, largest, params = _graph(config, precision, "target")
     disk = size * (2 if batched else 1)
-    session = size
-    seconds = params * (2 if batched else 1) / PARAMS_PER_S[precision]
+    session = SESSION_FACTOR[precision] * size
+    seconds = params * (2 if batched else 1) / PARAMS_PER_S
     for d in drafts:
         recipe = d.kind.export
         if recipe == registry.EXPORT_QUANTIZED:  # quantized from the target's float32 graph
@@ -79,15 +81,17 @@ def estimate(
             own, _, _ = _graph(config, d.kind.name, d.name)
             disk += own
             session = max(session, 2 * fp32)  # ONNX Runtime's quantizers hold the graph
-            seconds += params / PARAMS_PER_S["fp32"]
+            seconds += params / PARAMS_PER_S
         elif recipe == registry.EXPORT_MODEL:
             dconfig = read_config(d.source)
             check_architecture(dconfig, d.source)
             dsize, dlargest, dparams = _graph(dconfig, draft_precision, d.name)
             disk += dsize
-            session, largest = max(session, dsize), max(largest, dlargest)
-            seconds += dparams / PARAMS_PER_S[draft_precision]
-    memory = LIBRARIES + SESSION_FACTOR * session + TENSOR_FACTOR * largest
+            session = max(session, SESSION_FACTOR[draft_precision] * dsize)
+            largest = max(largest, dlargest)
+            seconds += dparams / PARAMS_PER_S
+    # the weights are streamed, then checked: the session and the largest tensor never meet
+    memory = LIBRARIES + max(session, TENSOR_FACTOR * largest)
     return Estimate(disk, memory, seconds)
 
 
