@@ -220,3 +220,51 @@ def test_the_export_reports_its_estimate_and_each_layer_written(tmp_path: Path) 
     assert "estimate: about" in result.output
     for i in (1, 2, 3):
         assert f"target: layer {i}/3 written" in result.output
+
+
+def test_an_export_parses_each_gguf_file_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers' loader parses a GGUF for the config and again for the tokenizer, the
+    preflight for the estimate and GgufBlocks for the tensors: one parse is shared by all."""
+    gguf = pytest.importorskip("gguf")
+    from specx.exporter import ExportOptions, export_pair
+    from tests.gguf_models import write_gguf
+
+    target = write_gguf(tmp_path / "target.gguf", "qwen2", seed=0)
+    draft = write_gguf(tmp_path / "draft.gguf", "qwen2", seed=0, redraw=("blk.1.ffn_up.weight",))
+    parsed: list[str] = []
+    real = gguf.GGUFReader
+
+    def counting(path: Any, *args: Any, **kwargs: Any) -> Any:
+        parsed.append(Path(path).name)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counting)
+    options = ExportOptions(max_length=64, precision="int4")
+    export_pair(str(target), [str(draft)], tmp_path / "out", options, log=lambda _m: None)
+    assert sorted(parsed) == ["draft.gguf", "target.gguf"]
+    assert gguf.GGUFReader is counting  # the export restored what it patched
+
+
+def test_the_reference_of_padded_sequences_equals_each_sequences_own_pass(
+    tmp_path: Path,
+) -> None:
+    """Parity and calibration share one forward pass of the source, the shorter sequence
+    padded after its end: a causal model's scores up to a position ignore what follows."""
+    import torch
+
+    from specx.exporter.check import references
+
+    folder = save(build_model("qwen2", 320, seed=5), build_tokenizer(320), tmp_path / "m")
+    src = _streamed(str(folder))
+    short = np.array([5, 17, 42, 7], dtype=np.int64)
+    long = np.array([9, 3, 250, 11, 64, 8, 100, 2, 31], dtype=np.int64)
+    refs = references(src, [short, long])
+    for ref, ids in zip(refs, (short, long), strict=True):
+        with torch.no_grad():
+            alone = src.model(torch.from_numpy(ids)[None]).logits[0].numpy()
+        assert ref.logits.shape == alone.shape
+        np.testing.assert_allclose(ref.logits, alone, rtol=0, atol=1e-5)
+    # negative control: scores of another sequence do not pass for these
+    assert not np.allclose(refs[0].logits, refs[1].logits[: len(short)], atol=1e-5)
