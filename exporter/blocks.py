@@ -6,8 +6,8 @@ One representation serves both. A linear weight W [N, K] (out x in, blocks along
 
 with integer codes and zero points of `bits` bits, float32 scales, and an optional float32
 `shift` per block. MatMulNBits computes the first term (uint8 zero points: its fast kernels;
-measured, float zero points fall back to a dequantizing path about 200x slower on a CPU and are
-refused for 8 bits); the shift, where a format has one (GGUF's K-quants and Q4_1/Q5_1 keep a
+float zero points fall back to a dequantizing path that is orders of magnitude slower on a CPU,
+docs/quantized.md, and are refused for 8 bits); the shift, where a format has one (GGUF's K-quants and Q4_1/Q5_1 keep a
 block minimum that is no integer number of steps), is added by the graph as
 `blocksum(x) @ shift^T`, so the weights the graph computes with are exactly the file's, without a
 second rounding (nbits.py writes those nodes).

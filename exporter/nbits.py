@@ -40,7 +40,8 @@ HEAD_BITS = 8
 # activation flips with any difference in the bits before it, so a multi-token pass parts from a
 # one-token pass wherever anything before it sums in another order (GroupQueryAttention does;
 # measured at export: quantized_quality). "fp32" (0) dequantizes the weights to float32 on every
-# call: 4x slower per 4-bit product, ~300x per 8-bit one (scripts/nbits_kernels.py).
+# call: several times slower for 4 bits and far slower for 8 (docs/quantized.md, measured by
+# scripts/nbits_kernels.py), a mode for checking, not serving.
 COMPUTE = {"int8": 4, "fp32": 0}
 
 
