@@ -7,10 +7,10 @@ One representation serves both. A linear weight W [N, K] (out x in, blocks along
 with integer codes and zero points of `bits` bits, float32 scales, and an optional float32
 `shift` per block. MatMulNBits computes the first term (uint8 zero points: its fast kernels;
 float zero points fall back to a dequantizing path that is orders of magnitude slower on a CPU,
-docs/quantized.md, and are refused for 8 bits); the shift, where a format has one (GGUF's K-quants and Q4_1/Q5_1 keep a
-block minimum that is no integer number of steps), is added by the graph as
-`blocksum(x) @ shift^T`, so the weights the graph computes with are exactly the file's, without a
-second rounding (nbits.py writes those nodes).
+docs/quantized.md, and are refused for 8 bits); the shift, where a format has one (GGUF's
+K-quants and Q4_1/Q5_1 keep a block minimum that is no integer number of steps), is added as
+`blocksum(x) @ shift^T` by the graph, so the weights the graph computes with are exactly the
+file's, without a second rounding (nbits.py writes those nodes).
 
 GGUF formats and what they carry (bits of the codes as stored here):
 - Q4_0 (4), Q8_0 (8), Q5_0 (8: 5-bit codes in 8-bit lanes), Q6_K (8, blocks of 16): exact,

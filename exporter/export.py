@@ -34,7 +34,7 @@ from .nbits import COMPUTE, PRECISIONS, QUANTIZED
 from .onnx_export import export_graph
 from .plan import plan_pair
 from .preflight import estimate, preflight
-from .quantize import CALIBRATION_TEXT, derive_quantized_draft
+from .quantize import CALIBRATION_TEXT, derive_quantized_draft, judge_quantized_draft
 from .sources import pin
 from .staging import StagedFolder
 from .wrap import gqa_unsupported
@@ -237,6 +237,7 @@ def _export_into(
         attention: str = options.attention,
         taps: tuple[int, ...] = (),
         precision: str = precision,
+        calibrate: bool = True,  # False: a self-draft, judged against the target instead
     ) -> ModelSpec:
         t0 = time.perf_counter()
         int8_compute = precision in QUANTIZED and options.quant_compute == "int8"
@@ -267,7 +268,7 @@ def _export_into(
         timings[f"{graph}_export_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         calibration = None
-        if precision in QUANTIZED and attention != "batched":  # judged along a text
+        if precision in QUANTIZED and attention != "batched" and calibrate:  # along a text
             calibration = np.asarray(src.tokenizer(CALIBRATION_TEXT)["input_ids"], dtype=np.int64)
         parity = spec.parity | check_graph(src, folder, spec, options.check_k, log, calibration)
         timings[f"{graph}_parity_s"] = time.perf_counter() - t0
@@ -306,7 +307,16 @@ def _export_into(
             log(f"  {entry.kind.summary}: nothing to export")
         elif recipe == registry.EXPORT_QUANTIZED:
             tokens = np.asarray(calibration, dtype=np.int64)
-            spec = derive_quantized_draft(folder, target_spec, entry.kind.name, tokens, name, log)
+            if entry.kind.name == "int4":  # streamed from the source like any int4 graph
+                t0 = time.perf_counter()
+                spec = export_one(tsrc, "draft", f"{name}.onnx", precision="int4", calibrate=False)
+                spec = dataclasses.replace(spec, name=name)
+                took = time.perf_counter() - t0
+                spec = judge_quantized_draft(folder, target_spec, spec, tokens, log, took)
+            else:  # int8: ONNX Runtime's dynamic quantization of the target's float graph
+                spec = derive_quantized_draft(
+                    folder, target_spec, entry.kind.name, tokens, name, log
+                )
             draft_specs.append(spec)
         elif recipe == registry.EXPORT_HEAD:
             t0 = time.perf_counter()

@@ -76,11 +76,14 @@ def estimate(
     seconds = params * (2 if batched else 1) / PARAMS_PER_S
     for d in drafts:
         recipe = d.kind.export
-        if recipe == registry.EXPORT_QUANTIZED:  # quantized from the target's float32 graph
-            fp32, _, _ = _graph(config, "fp32", d.name)
+        if recipe == registry.EXPORT_QUANTIZED:
             own, _, _ = _graph(config, d.kind.name, d.name)
             disk += own
-            session = max(session, 2 * fp32)  # ONNX Runtime's quantizers hold the graph
+            if d.kind.name == "int4":  # the target streamed again at int4
+                session = max(session, SESSION_FACTOR["int4"] * own)
+            else:  # int8: ONNX Runtime's quantizer holds the target's float32 graph
+                fp32, _, _ = _graph(config, "fp32", d.name)
+                session = max(session, 2 * fp32)
             seconds += params / PARAMS_PER_S
         elif recipe == registry.EXPORT_MODEL:
             dconfig = read_config(d.source)

@@ -4,8 +4,11 @@
 (MatMulInteger; per-channel unsigned 8-bit weights, activations quantized per call). Unsigned
 weights because the signed-weight kernel (u8 x s8) on x86 CPUs without VNNI sums pairs of
 products into saturating 16-bit lanes, which ruins the draft (docs/bench/measurements.md);
-u8 x u8 is exact on every CPU. ``int4``: MatMulNBits
-4-bit weights (block 32, asymmetric, int8 compute: accuracy_level 4) with an 8-bit head.
+u8 x u8 is exact on every CPU. It is made from the target's float graph, loaded whole.
+
+``int4``: the target exported again at `--precision int4` (nbits.py: MatMulNBits 4-bit blocks
+of 32, int8 compute, an 8-bit head; a GGUF's own blocks where they map), streamed from the
+source like any graph, so it never holds the float32 graph; judged here like the int8 draft.
 
 A tied LM head (Gemm on the embedding) is untied first: the quantizers only handle MatMul, and
 the head is a fifth of a small model's weights. The draft keeps the target's I/O contract, so it
@@ -92,27 +95,7 @@ def untie_head(model: Any, vocab_size: int) -> str | None:
     return None
 
 
-def _quantize(model: Any, kind: str, folder: Path, head: str | None) -> Any:
-    from onnxruntime.quantization.matmul_nbits_quantizer import (
-        DefaultWeightOnlyQuantConfig,
-        MatMulNBitsQuantizer,
-    )
-
-    if kind == "int4":
-        config = DefaultWeightOnlyQuantConfig(
-            block_size=32, is_symmetric=False, accuracy_level=4, bits=4
-        )
-        body = MatMulNBitsQuantizer(model, algo_config=config, nodes_to_exclude=[head or ""])
-        body.process()
-        model = body.model.model
-        if head:
-            head_config = DefaultWeightOnlyQuantConfig(
-                block_size=32, is_symmetric=True, accuracy_level=4, bits=8
-            )
-            q = MatMulNBitsQuantizer(model, algo_config=head_config, nodes_to_include=[head])
-            q.process()
-            model = q.model.model
-        return model
+def _quantize_int8(model: Any, folder: Path) -> Any:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -156,9 +139,9 @@ def derive_quantized_draft(
         raise ExportError(f"unknown quantized draft {kind!r}", f"use one of {QUANTIZED_DRAFTS}")
     t0 = time.perf_counter()
     model = onnx.load(str(folder / target.graph))
-    head = untie_head(model, target.vocab_size)
+    untie_head(model, target.vocab_size)  # the dynamic quantizer quantizes MatMuls only
     with _quiet_quantizer():
-        model = _quantize(model, kind, folder, head)
+        model = _quantize_int8(model, folder)
     for prop in model.metadata_props:
         if prop.key == "specx.role":
             prop.value = "draft"
@@ -178,12 +161,21 @@ def derive_quantized_draft(
         weight_bytes=nbytes,
         parity={},
     )
+    return judge_quantized_draft(folder, target, spec, tokens, log, time.perf_counter() - t0)
+
+
+def judge_quantized_draft(
+    folder: Path, target: ModelSpec, spec: ModelSpec, tokens: np.ndarray, log: Log, took: float
+) -> ModelSpec:
+    """A quantized copy of the target as a draft: how often its argmax agrees with the target's
+    graph along a natural text (a proxy for greedy acceptance), recorded and bounded below."""
     calibration = tokens[: min(256, target.max_length)]
     quality: dict[str, Any] = dict(argmax_agreement(folder, target, spec, calibration))
-    quality.update(kind="quantized", tokens=len(calibration))
+    quality.update(kind="quantized", tokens=len(calibration), source=spec.parity or None)
+    kind, name = spec.variant, spec.name
     log(
-        f"  {name}: {kind} weights, {nbytes / 1e6:.0f} MB, made in {time.perf_counter() - t0:.1f}"
-        f" s; argmax agrees with the target on {100 * quality['argmax_agreement']:.0f}% of a "
+        f"  {name}: {kind} weights, {spec.weight_bytes / 1e6:.0f} MB, made in {took:.1f} s; "
+        f"argmax agrees with the target on {100 * quality['argmax_agreement']:.0f}% of a "
         "calibration text"
     )
     if quality["argmax_agreement"] < MIN_AGREEMENT:
