@@ -124,6 +124,7 @@ def argmax_agreement(
         session = OrtSession(folder / spec.graph, spec, ["cpu"], max_chunk=len(tokens))
         cache = session.new_cache(len(tokens))
         rows[spec.name] = session.forward(tokens, cache).copy()  # [len, vocab]
+        del session, cache  # one graph in memory at a time
     t, d = rows[target.name], rows[draft.name]
     vocab = min(t.shape[1], d.shape[1])
     agree = float(np.mean(np.argmax(t[:, :vocab], -1) == np.argmax(d[:, :vocab], -1)))
