@@ -68,7 +68,8 @@ def references(
             if taps
             else None
         )  # Hugging Face numbering of the layers: runtime/contract.py
-        result.append(Reference(seq, out.logits[row, :n].float().numpy(), features))
+        logits = out.logits[row, :n].float().numpy().copy()  # not a view of the padded batch
+        result.append(Reference(seq, logits, features))
     del out
     release_heap()
     return result
@@ -259,10 +260,10 @@ def quantized_quality(
     passes = {}
     for width in (1, k + 1):
         cache = session.new_cache(n)
-        rows = [
-            session.forward(tokens[i : i + width], cache).copy() for i in range(0, n, width)
-        ]  # [width, vocab] each
-        passes[width] = np.concatenate(rows)  # [n, vocab]
+        logits = np.empty((n, spec.vocab_size), np.float32)  # [n, vocab]
+        for i in range(0, n, width):
+            logits[i : i + width] = session.forward(tokens[i : i + width], cache)
+        passes[width] = logits
     one, many = passes[1], passes[k + 1]
     vocab = min(reference.shape[1], one.shape[1])
     agree = float(np.mean(np.argmax(one[:, :vocab], -1) == np.argmax(reference[:, :vocab], -1)))

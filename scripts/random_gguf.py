@@ -1,11 +1,12 @@
-"""Write a random-weight Qwen2 model of a real model's dimensions as a GGUF file (Q4_K_M's
-tensor types), to measure what exporting and running a model of that size takes without
-downloading one. The weights are random blocks: the text it writes is noise.
+"""Write a random-weight Qwen2 model of a real model's dimensions as a GGUF file, with the
+tensor types of llama.cpp's Q4_K_M or Q4_0, to measure what exporting and running a model of
+that size takes without downloading one. The weights are random blocks: its text is noise.
 
-    .venv/bin/python scripts/random_gguf.py /tmp/qwen7b-random.gguf            # Qwen2.5-7B
+    .venv/bin/python scripts/random_gguf.py /tmp/qwen7b.gguf                  # Qwen2.5-7B, Q4_K_M
+    .venv/bin/python scripts/random_gguf.py /tmp/qwen7b-q4_0.gguf --types q4_0
     .venv/bin/python scripts/random_gguf.py /tmp/small.gguf --shape tiny
 
-The 7B file is about 4.6 GB (never commit it); writing it holds it in memory once.
+The 7B files are 4-5 GB (never commit them); writing one holds it in memory once.
 """
 
 from __future__ import annotations
@@ -22,17 +23,22 @@ sys.path.insert(0, str(ROOT))  # the test tooling writes the file
 from tests.gguf_models import Q4_K_M_TYPES, QWEN25_7B, Shape, write_gguf  # noqa: E402
 
 SHAPES = {"qwen2.5-7b": QWEN25_7B, "tiny": Shape()}
+# (matrix types, embedding, head) as llama.cpp's quantizer picks them
+TYPES = {
+    "q4_k_m": (Q4_K_M_TYPES, "Q4_K", "Q6_K"),
+    "q4_0": (dict.fromkeys(Q4_K_M_TYPES, "Q4_0"), "Q4_0", "Q6_K"),
+}
 
 
 @click.command()
 @click.argument("output", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--shape", type=click.Choice(sorted(SHAPES)), default="qwen2.5-7b", show_default=True)
+@click.option("--types", type=click.Choice(sorted(TYPES)), default="q4_k_m", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-def main(output: Path, shape: str, seed: int) -> None:
+def main(output: Path, shape: str, types: str, seed: int) -> None:
     t0 = time.perf_counter()
-    write_gguf(
-        output, "qwen2", seed, Q4_K_M_TYPES, head="Q6_K", embedding="Q4_K", shape=SHAPES[shape]
-    )
+    matrices, embedding, head = TYPES[types]
+    write_gguf(output, "qwen2", seed, matrices, head=head, embedding=embedding, shape=SHAPES[shape])
     size = output.stat().st_size / 1e9
     click.echo(f"wrote {output}: {size:.2f} GB in {time.perf_counter() - t0:.0f} s")
 

@@ -70,6 +70,7 @@ F16_FIELDS = {
     "Q6_K": (208,),
 }
 K_SCALE = {"Q4_K": 3e-4, "Q5_K": 1.5e-4, "Q6_K": 1e-3}
+FLOAT_VALUES = 1 << 24  # larger tensors: random blocks (gguf's quantizer is slow at 7B sizes)
 
 
 def random_blocks(
@@ -95,10 +96,10 @@ def _quantized(
     where it can, else random blocks scaled to weights of a similar size (times `gain`)."""
     import gguf
 
-    if kind in QUANTIZABLE:
+    if kind in QUANTIZABLE and rows * cols <= FLOAT_VALUES:
         w = rng.normal(0, 0.3 * gain, size=(rows, cols)).astype(np.float32)
         return np.asarray(gguf.quants.quantize(w, gguf.GGMLQuantizationType[kind]))
-    return random_blocks(kind, rows, cols, rng, K_SCALE[kind] * gain)
+    return random_blocks(kind, rows, cols, rng, K_SCALE.get(kind, 2e-3) * gain)
 
 
 def _tokenizer_fields(tok: Any) -> tuple[list[str], list[str]]:
