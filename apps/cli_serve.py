@@ -48,6 +48,20 @@ from specx.apps.cli_common import (
     help="Positions of a batch row (default: the context, at most 1024); longer requests run "
     "alone.",
 )
+@click.option(
+    "--api-key",
+    "api_keys",
+    multiple=True,
+    envvar="SPECX_API_KEY",
+    help="Require 'Authorization: Bearer KEY' on /v1/* (repeatable; env SPECX_API_KEY). "
+    "/health and /metrics stay open.",
+)
+@click.option(
+    "--api-key-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Read API keys from a file, one a line (keeps them out of the process list).",
+)
 @provider_option
 @threads_option
 @debug_option
@@ -62,6 +76,8 @@ def serve(
     model_name: str | None,
     batch: int,
     batch_context: int | None,
+    api_keys: tuple[str, ...],
+    api_key_file: Path | None,
     providers: tuple[str, ...],
     threads: int | None,
     debug: bool,
@@ -75,6 +91,7 @@ def serve(
         import uvicorn
 
         from specx.apps.serve import ServeConfig, Server
+        from specx.apps.serve.auth import read_keys
     except ImportError as e:
         raise InputError(
             f"specx serve needs the serve extra ({e.name} is missing)", "pip install 'specx[serve]'"
@@ -93,6 +110,7 @@ def serve(
             f"pass --max-concurrency {max(batch, 1)} or more (requests beyond --batch wait for "
             "a row)",
         )
+    keys = read_keys(api_keys, api_key_file)  # before loading: a bad key file fails fast
     thread_pool(threads)
     pipeline = Pipeline.load(artifact, providers=providers or None, threads=threads)
     if batch:
@@ -102,9 +120,11 @@ def serve(
         max_concurrency=max_concurrency,
         max_queue=max_queue,
         request_timeout_s=request_timeout_s,
+        api_keys=keys,
     )
     app = Server(pipeline, config).app()
-    click.echo(f"serving {config.model_name} on http://{host}:{port}/v1", err=True)
+    guarded = f" ({len(keys)} API key{'s' if len(keys) > 1 else ''} required)" if keys else ""
+    click.echo(f"serving {config.model_name} on http://{host}:{port}/v1{guarded}", err=True)
     uvicorn.run(
         app,
         host=host,

@@ -5,6 +5,8 @@
     GET  /health                                      200 while serving, 503 while shutting down
     GET  /metrics                                     Prometheus text format
 
+With `api_keys`, /v1/* answers 401 unless the request carries one of them (auth.py).
+
 Every error is OpenAI's error object with a 4xx/5xx status; nothing answers with a traceback.
 """
 
@@ -23,6 +25,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from specx.apps.serve.auth import ApiKeyGuard, ASGIApp
 from specx.apps.serve.engine import Busy, Delta, Done, Engine, Job, ShuttingDown
 from specx.apps.serve.metrics import Metrics
 from specx.apps.serve.protocol import (
@@ -45,6 +48,7 @@ class ServeConfig:
     request_timeout_s: float = 300.0  # a generation stops (and a waiting request gives up) here
     shutdown_grace_s: float = 10.0  # on SIGTERM, streams may finish for this long, then stop
     max_body_bytes: int = 4 * 2**20
+    api_keys: tuple[str, ...] = ()  # when set, /v1/* needs `Authorization: Bearer <one of them>`
 
 
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
@@ -265,7 +269,7 @@ class Server:
         finally:
             await events.aclose()  # a client that went away: the generation stops
 
-    def app(self) -> Starlette:
+    def app(self) -> ASGIApp:
         @asynccontextmanager
         async def lifespan(_app: Starlette) -> AsyncIterator[None]:
             yield
@@ -286,4 +290,12 @@ class Server:
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.prometheus, methods=["GET"]),
         ]
-        return Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: on_error})
+        app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: on_error})
+        if not self.config.api_keys:
+            return app
+
+        def refused() -> None:
+            self.metrics.requests.labels("unauthorized", 401).inc()
+            self.metrics.errors.labels("invalid_api_key").inc()
+
+        return ApiKeyGuard(app, self.config.api_keys, refused)

@@ -347,3 +347,57 @@ def test_seeded_sampling_is_the_same_text_over_http_for_any_k(llama_pair: TinyPa
             for k in (0, 2, 5, "auto")
         }
         assert len(texts) == 1
+
+
+def test_with_an_api_key_only_requests_carrying_it_are_served(
+    llama_pair: TinyPair, tmp_path: Any
+) -> None:
+    """The official client's api_key is the bearer token; without it or with another key the
+    server answers 401 in OpenAI's shape (the client raises AuthenticationError); /health and
+    /metrics stay open."""
+    keys = ("first-key", "second-key")
+    with serving(llama_pair.artifact, api_keys=keys) as (base, _server, _pipe):
+        for key in keys:
+            good = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=60)
+            reply = good.completions.create(model=MODEL, prompt="The cat", max_tokens=4)
+            assert reply.usage.completion_tokens == 4
+            assert [m.id for m in good.models.list().data] == [MODEL]
+        for wrong in ("first-ke", "first-key2", "unused"):
+            bad = openai.OpenAI(base_url=f"{base}/v1", api_key=wrong, max_retries=0, timeout=60)
+            with pytest.raises(openai.AuthenticationError) as refused:
+                bad.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+                )
+            assert refused.value.status_code == 401
+        bare = httpx.post(base + "/v1/completions", json={"prompt": "a"}, timeout=30)
+        assert bare.status_code == 401
+        assert bare.json()["error"]["code"] == "invalid_api_key"
+        assert bare.headers["www-authenticate"] == "Bearer"
+        basic = httpx.get(base + "/v1/models", headers={"Authorization": "Basic first-key"})
+        assert basic.status_code == 401
+        assert httpx.get(base + "/health", timeout=30).status_code == 200
+        metrics = httpx.get(base + "/metrics", timeout=30).text
+        assert 'endpoint="unauthorized"' in metrics
+    # negative control: without keys the same bare request is served
+    with serving(llama_pair.artifact) as (base, _server, _pipe):
+        body = {"prompt": "a", "max_tokens": 2}
+        assert httpx.post(base + "/v1/completions", json=body, timeout=30).status_code == 200
+
+
+def test_serve_reads_api_keys_from_a_file_and_refuses_an_empty_one(
+    llama_pair: TinyPair, tmp_path: Any
+) -> None:
+    from specx.apps.serve.auth import read_keys
+
+    keys = tmp_path / "keys"
+    keys.write_text("# team keys\nalpha\n\n  beta  \n")
+    assert read_keys(("gamma",), keys) == ("gamma", "alpha", "beta")
+    empty = tmp_path / "empty"
+    empty.write_text("# nothing yet\n")
+    for args, message in (
+        (["--api-key-file", str(empty)], "holds no key"),
+        (["--api-key-file", str(tmp_path / "missing")], "cannot read the API key file"),
+        (["--api-key", "two words"], "empty or contains whitespace"),
+    ):
+        result = CliRunner().invoke(main, ["serve", str(llama_pair.artifact), *args])
+        assert result.exit_code == 2 and message in result.stderr, result.output
