@@ -2,7 +2,9 @@
 
 The core imports nothing outside this package (tests/runtime/test_layers.py checks it)."""
 
+from specx.runtime.constraint import Grammar
 from specx.runtime.errors import ArtifactError, ExportError, InputError, SpecxError
+from specx.runtime.logprobs import TokenLogprob
 from specx.runtime.pipeline import GenerationResult, Pipeline
 from specx.runtime.sampling import SamplingParams
 from specx.runtime.settings import GenerationSettings
@@ -13,9 +15,11 @@ __all__ = [
     "ExportError",
     "GenerationResult",
     "GenerationSettings",
+    "Grammar",
     "InputError",
     "Pipeline",
     "SamplingParams",
     "SpecxError",
     "Stats",
+    "TokenLogprob",
 ]

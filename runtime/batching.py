@@ -33,6 +33,7 @@ from specx.runtime.adaptive import AdaptiveK
 from specx.runtime.backends.ort_session import OrtSession
 from specx.runtime.batch_prefill import PromptRows
 from specx.runtime.batch_widths import WidthPlanner, on_batched_graph
+from specx.runtime.constraint import Constraint
 from specx.runtime.drafters.base import (
     MODEL,
     NO_PROPOSAL,
@@ -53,6 +54,7 @@ from specx.runtime.generate import (
     lookup_guess,
     make_verifier,
 )
+from specx.runtime.logprobs import TokenLogprob, score
 from specx.runtime.sampling import PositionNoise
 from specx.runtime.settings import GenerationSettings
 from specx.runtime.stats import Stats
@@ -95,6 +97,8 @@ class BatchSequence:
     decode_start: float = 0.0  # when it joined the decoding rows
     prefilled: int = -1  # prompt tokens in the cache while it joins; -1 once it decodes
     shared_pass: bool = False  # it has decoded in a pass with other rows
+    constraint: Constraint | None = None  # its grammar's matcher (generate.speculative_step)
+    logprobs: list[TokenLogprob] | None = None  # one per emitted token, when asked for
 
     @property
     def committed(self) -> np.ndarray:
@@ -166,6 +170,8 @@ class BatchDecoder(PromptRows):
         drafter: Drafter | None,
         stats: Stats,
         emit: Emit | None = None,
+        constraint: Constraint | None = None,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> BatchSequence:
         """Take a free row for a new sequence: the next steps read its prompt (a chunk each),
         then it decodes with the others."""
@@ -192,6 +198,8 @@ class BatchDecoder(PromptRows):
             make_verifier(settings.sampling, noise),
             context,
             n,
+            constraint=constraint,
+            logprobs=logprobs,
         )
         stats.prompt_tokens = n
         self.cache.lengths[row] = 0
@@ -200,7 +208,9 @@ class BatchDecoder(PromptRows):
             if seq.draft_rows is not None:
                 assert isinstance(drafter, SharedPassDrafter)  # once, not per step
                 seq.shared_drafter = drafter
-            request = DraftRequest(settings.sampling, noise, settings.draft_p_min, prefill=False)
+            request = DraftRequest(
+                settings.sampling, noise, settings.draft_p_min, False, constraint
+            )
             drafter.start(prompt, request)
         seq.prefilled = 0 if n > 1 else -1  # -1: nothing (left) to prefill
         seq.decode_start = perf_counter()
@@ -246,6 +256,9 @@ class BatchDecoder(PromptRows):
             last_to_finish = max(s.tokens_left for s in self._rows if s is not None)
         expected = self.widths.plan(active, last - first + 1, reading, last_to_finish)
         self._draft_all(active)
+        for s in active:
+            if s.constraint is not None:  # cut what the grammar could never accept
+                s.proposal = s.proposal.head(s.constraint.admit(s.proposal.tokens))
         width = 1 + max(s.proposal.tokens.shape[0] for s in active)
         tokens = np.zeros((last - first + 1, width), dtype=np.int64)  # [rows, width], 0: padding
         counts = np.zeros(last - first + 1, dtype=np.int64)
@@ -365,14 +378,19 @@ class BatchDecoder(PromptRows):
     ) -> None:
         """Verify and commit one row, and tell its policy how its proposal fared."""
         proposal = s.proposal
+        if s.constraint is not None:
+            logits = s.constraint.mask(proposal.tokens, logits)
         n_accepted, next_token = s.verify(proposal, logits, s.n_context)
         self.cache.lengths[s.row] = committed + 1 + n_accepted
         if s.drafter is not None and s.k > 0:
             s.drafter.commit(n_accepted)
         if features is not None and isinstance(s.drafter, FeatureReader):
             s.drafter.observe_features(committed, features[: 1 + n_accepted])
+        tokens = np.append(proposal.tokens[:n_accepted], np.int64(next_token))
+        if s.constraint is not None:
+            s.constraint.commit(tokens)
         step = StepResult(
-            tokens=np.append(proposal.tokens[:n_accepted], np.int64(next_token)),
+            tokens=tokens,
             source=s.source,
             proposed=int(proposal.tokens.shape[0]),
             accepted=n_accepted,
@@ -398,6 +416,9 @@ class BatchDecoder(PromptRows):
         s.n_context += int(new.shape[0])
         stats.new_tokens += int(new.shape[0])
         s.tokens.extend(new.tolist())
+        if s.logprobs is not None:
+            top = s.settings.logprobs or 0
+            s.logprobs.extend(score(logits, new, s.settings.sampling, top))
         if s.emit is not None:
             s.emit(new)
         if hits:
@@ -452,11 +473,16 @@ def run_batch(
     ids = [
         pipeline.encode_prompt(p, s.chat, s.system) for p, s in zip(prompts, settings, strict=True)
     ]
+    constraints = [None if s.grammar is None else pipeline.constraint(s.grammar) for s in settings]
     results = [
         GenerationResult(
-            "", [], x.tolist(), Stats(k=k, drafter=name, adaptive=isinstance(policy, AdaptiveK))
+            "",
+            [],
+            x.tolist(),
+            Stats(k=k, drafter=name, adaptive=isinstance(policy, AdaptiveK)),
+            logprobs=None if s.logprobs is None else [],
         )
-        for x, (policy, k, name) in zip(ids, plans, strict=True)
+        for x, (policy, k, name), s in zip(ids, plans, settings, strict=True)
     ]
     if not prompts:
         return results
@@ -482,7 +508,16 @@ def run_batch(
                 emit = (lambda t, i=i: on_tokens(i, t)) if on_tokens is not None else None
                 drafter = pipeline.take_drafter(name)  # back to the pool once its row is done
                 running[i] = (
-                    decoder.add(ids[i], settings[i], policy, drafter, results[i].stats, emit),
+                    decoder.add(
+                        ids[i],
+                        settings[i],
+                        policy,
+                        drafter,
+                        results[i].stats,
+                        emit,
+                        constraints[i],
+                        results[i].logprobs,
+                    ),
                     name,
                     drafter,
                 )

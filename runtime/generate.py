@@ -20,6 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from specx.runtime.backends.base import GraphSession
+from specx.runtime.constraint import Constraint
 from specx.runtime.drafters.base import (
     NO_PROPOSAL,
     NONE,
@@ -31,6 +32,7 @@ from specx.runtime.drafters.base import (
     is_lookup,
 )
 from specx.runtime.kv_cache import KVCache
+from specx.runtime.logprobs import Scorer, TokenLogprob, make_scorer
 from specx.runtime.sampling import ACCEPT, RESAMPLE, PositionNoise, SamplingParams, warp
 from specx.runtime.settings import GenerationSettings
 from specx.runtime.stats import Stats
@@ -59,6 +61,7 @@ class StepResult:
     # a step that drafted nothing though a lookup had tokens to offer: whether the first of them
     # is the token the target committed (None: no such offer; see lookup_guess)
     lookup_first_hit: bool | None = None
+    logprobs: list[TokenLogprob] | None = None  # [n_accepted + 1] when the generation asks
 
 
 class KPolicy(Protocol):
@@ -135,14 +138,21 @@ def speculative_step(
     plan: DraftPlan | None,
     verify: Verifier,
     source: str,
+    constraint: Constraint | None = None,
+    scorer: Scorer | None = None,
 ) -> StepResult:
-    """One round: the drafter proposes up to k tokens, the target verifies them in one pass."""
+    """One round: the drafter proposes up to k tokens, the target verifies them in one pass
+    (under the grammar's masks when there is a `constraint`)."""
     t0 = perf_counter()
     proposal = drafter.propose(context, k, plan) if drafter is not None and k > 0 else NO_PROPOSAL
+    if constraint is not None:
+        proposal = proposal.head(constraint.admit(proposal.tokens))
     t1 = perf_counter()
     committed = cache.length
     verify_input = np.concatenate([context[-1:], proposal.tokens])  # [n + 1]
     target_logits = target.forward(verify_input, cache)  # [n + 1, vocab]
+    if constraint is not None:
+        target_logits = constraint.mask(proposal.tokens, target_logits)
     t2 = perf_counter()
     n_accepted, next_token = verify(proposal, target_logits, int(context.shape[0]))
     cache.truncate(committed + 1 + n_accepted)  # keep last_committed + accepted drafts
@@ -151,8 +161,11 @@ def speculative_step(
     if target.last_features is not None and isinstance(drafter, FeatureReader):
         drafter.observe_features(committed, target.last_features[: 1 + n_accepted])
     guess = lookup_guess(drafter, context, source) if not proposal.tokens.shape[0] else None
+    tokens = np.append(proposal.tokens[:n_accepted], np.int64(next_token))
+    if constraint is not None:
+        constraint.commit(tokens)
     return StepResult(
-        tokens=np.append(proposal.tokens[:n_accepted], np.int64(next_token)),
+        tokens=tokens,
         source=source,
         proposed=int(proposal.tokens.shape[0]),
         accepted=n_accepted,
@@ -162,6 +175,7 @@ def speculative_step(
         catchup=proposal.catchup,
         confidence=proposal.confidence,
         lookup_first_hit=None if guess is None else guess == next_token,
+        logprobs=None if scorer is None else scorer(target_logits[: n_accepted + 1], tokens),
     )
 
 
@@ -174,15 +188,20 @@ def decode_loop(
     policy: KPolicy,
     eos_token_ids: tuple[int, ...],
     stats: Stats,
+    constraint: Constraint | None = None,
+    logprobs: list[TokenLogprob] | None = None,
 ) -> Iterator[np.ndarray]:
     """Prefill, then yield the tokens committed by each step until a stop condition.
 
     The caller checks the prompt length (1..cache capacity). `stats` is updated as it goes, so it
-    is complete even if the consumer stops early.
+    is complete even if the consumer stops early; so is `logprobs` (one entry per emitted token,
+    when settings.logprobs asks). `constraint`: the grammar's matcher, fresh (settings.grammar
+    says what it is; the caller builds it with the artifact's tokenizer).
     """
     sampling = settings.sampling
     noise = PositionNoise(sampling.seed, target.vocab_size)
     verify = make_verifier(sampling, noise)
+    scorer = make_scorer(sampling, settings.logprobs) if logprobs is not None else None
     capacity = cache.capacity
     context_buf = np.zeros(capacity + 1, dtype=np.int64)  # every committed token
     n_context = int(prompt.shape[0])
@@ -193,7 +212,9 @@ def decode_loop(
     t0 = perf_counter()
     cache.reset()
     if drafter is not None:
-        drafter.start(prompt, DraftRequest(sampling, noise, settings.draft_p_min))
+        drafter.start(
+            prompt, DraftRequest(sampling, noise, settings.draft_p_min, grammar=constraint)
+        )
     if n_context > 1:
         reader = drafter.observe_features if isinstance(drafter, FeatureReader) else None
         target.prefill(prompt[:-1], cache, reader)
@@ -215,7 +236,16 @@ def decode_loop(
             decision = policy.decide(source)
             k = min(decision.k, room, remaining - 1)
             step = speculative_step(
-                target, cache, drafter, context, k, decision.plan, verify, source
+                target,
+                cache,
+                drafter,
+                context,
+                k,
+                decision.plan,
+                verify,
+                source,
+                constraint,
+                scorer,
             )
             policy.observe(step)
             stats.record_step(step.proposed, step.accepted, k)
@@ -230,9 +260,14 @@ def decode_loop(
             n_context += int(tokens.shape[0])
             stats.new_tokens += int(tokens.shape[0])
             stats.decode_s = perf_counter() - start
+            if logprobs is not None and step.logprobs is not None:
+                logprobs.extend(step.logprobs[: tokens.shape[0]])
             yield tokens
             if hits:
                 stats.stop_reason = "eos"
+                return
+            if constraint is not None and constraint.finished and not eos:
+                stats.stop_reason = "eos"  # complete, and no end token to force: stop here
                 return
     finally:
         stats.decode_s = perf_counter() - start

@@ -22,12 +22,14 @@ from specx.runtime.backends.ort_session import OrtSession
 from specx.runtime.backends.providers import check_threads
 from specx.runtime.batch_widths import WidthPlanner
 from specx.runtime.batching import BatchDecoder, single_graph
+from specx.runtime.constraint import Constraint, Grammar, GrammarTokenizer
 from specx.runtime.contract import TOKENIZER_FILE, Manifest, ModelSpec
 from specx.runtime.drafters import registry
 from specx.runtime.drafters.base import Drafter
 from specx.runtime.errors import ArtifactError, InputError
 from specx.runtime.generate import FixedK, KPolicy, decode_loop
 from specx.runtime.kv_cache import KVCache
+from specx.runtime.logprobs import TokenLogprob
 from specx.runtime.scheduler import BatchScheduler, Submission
 from specx.runtime.settings import AUTO, DEFAULT_K, MAX_K, GenerationSettings
 from specx.runtime.stats import Stats
@@ -43,15 +45,23 @@ class GenerationResult:
     prompt_token_ids: list[int]
     stats: Stats
     finished: bool = True  # False when the consumer stopped early (e.g. Ctrl-C)
+    # one per token of token_ids when the generation asked for logprobs (logprobs.py)
+    logprobs: list[TokenLogprob] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "text": self.text,
             "token_ids": self.token_ids,
             "prompt_tokens": len(self.prompt_token_ids),
             "finished": self.finished,
             "stats": self.stats.to_json(),
         }
+        if self.logprobs is not None:
+            out["logprobs"] = [
+                {"token": t.token, "logprob": t.logprob, "top": [list(a) for a in t.top]}
+                for t in self.logprobs
+            ]
+        return out
 
 
 @dataclass
@@ -109,6 +119,7 @@ class Pipeline:
         self._free_drafters: dict[str, list[Drafter | None]] = {}  # for batched generations
         self._scheduler: BatchScheduler | None = None
         self.batch_pass_costs = WidthPlanner()  # what batched passes cost, measured as they run
+        self._grammar_tokenizer: GrammarTokenizer | None = None
 
     @classmethod
     def load(
@@ -253,6 +264,20 @@ class Pipeline:
             return self._learned.get(drafter)
 
     # -- generation -----------------------------------------------------------------------
+    def constraint(self, grammar: Grammar) -> Constraint:
+        """A fresh matcher of `grammar` over this artifact's tokenizer (InputError if the grammar
+        is invalid)."""
+        with self._lock:
+            if self._grammar_tokenizer is None:
+                path = self.folder / self.manifest.tokenizer
+                self._grammar_tokenizer = GrammarTokenizer(
+                    path.read_text(encoding="utf-8"),
+                    self.manifest.target.vocab_size,
+                    self.manifest.special_tokens.eos_token_ids,
+                )
+            tokenizer = self._grammar_tokenizer
+        return tokenizer.constraint(grammar)
+
     def encode_prompt(
         self, prompt: Prompt, chat: bool = False, system: str | None = None
     ) -> np.ndarray:
@@ -340,6 +365,7 @@ class Pipeline:
         """
         settings = GenerationSettings.of(settings, **options)
         self.resolve_policy(settings)  # drafter and K are checked before the prompt
+        constraint = None if settings.grammar is None else self.constraint(settings.grammar)
         prompt_ids = self.encode_prompt(prompt, settings.chat, settings.system)
         scheduler = self._scheduler
         batched = scheduler is not None and scheduler.fits(
@@ -348,10 +374,14 @@ class Pipeline:
         policy, k_shown, drafter_name = self.resolve_policy(settings, batched)
         stats = Stats(k=k_shown, drafter=drafter_name, adaptive=isinstance(policy, AdaptiveK))
         result = GenerationResult("", [], prompt_ids.tolist(), stats, finished=False)
+        if settings.logprobs is not None:
+            result.logprobs = []
         if scheduler is not None and batched:
-            tokens = self._submit(scheduler, prompt_ids, settings, policy, drafter_name, result)
+            tokens = self._submit(
+                scheduler, prompt_ids, settings, policy, drafter_name, result, constraint
+            )
         else:
-            tokens = self._solo(prompt_ids, settings, policy, drafter_name, result)
+            tokens = self._solo(prompt_ids, settings, policy, drafter_name, result, constraint)
         memory = policy_memory(drafter_name, batched)
         return Generation(self._text(tokens, policy, memory, result), result)
 
@@ -362,6 +392,7 @@ class Pipeline:
         policy: KPolicy,
         drafter_name: str,
         result: GenerationResult,
+        constraint: Constraint | None,
     ) -> Iterator[np.ndarray]:
         """The generation alone, on a workspace of its own."""
         workspace = self._acquire(drafter_name)
@@ -375,6 +406,8 @@ class Pipeline:
                 policy,
                 self.manifest.special_tokens.eos_token_ids,
                 result.stats,
+                constraint,
+                result.logprobs,
             )
         finally:
             self._release(workspace)
@@ -387,6 +420,7 @@ class Pipeline:
         policy: KPolicy,
         drafter_name: str,
         result: GenerationResult,
+        constraint: Constraint | None,
     ) -> Iterator[np.ndarray]:
         """The generation as a row of the shared batch (enable_batching)."""
         drafter = self.take_drafter(drafter_name)
@@ -397,6 +431,8 @@ class Pipeline:
             drafter,
             result.stats,
             release=lambda: self.give_drafter(drafter_name, drafter),
+            constraint=constraint,
+            logprobs=result.logprobs,
         )
         yield from scheduler.submit(submission).tokens()
 

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specx.runtime.batching import BatchDecoder, BatchSequence
+from specx.runtime.constraint import Constraint
 from specx.runtime.drafters.base import Drafter
 from specx.runtime.generate import KPolicy
+from specx.runtime.logprobs import TokenLogprob
 from specx.runtime.settings import GenerationSettings
 from specx.runtime.stats import Stats
 
@@ -35,6 +37,8 @@ class Submission:
     drafter: Drafter | None
     stats: Stats
     release: Callable[[], None] | None = None  # called once the scheduler is done with it
+    constraint: Constraint | None = None  # its grammar's matcher, if any
+    logprobs: list[TokenLogprob] | None = None  # filled as tokens commit, when asked for
     out: queue.SimpleQueue[object] = field(default_factory=queue.SimpleQueue)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -101,6 +105,8 @@ class BatchScheduler:
                 submission.drafter,
                 submission.stats,
                 submission.out.put,
+                submission.constraint,
+                submission.logprobs,
             )
         except Exception as e:  # delivered to the waiting generation, which raises it
             submission.end(e)

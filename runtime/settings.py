@@ -11,7 +11,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from specx.runtime.constraint import Grammar
 from specx.runtime.errors import InputError
+from specx.runtime.logprobs import check_top
 from specx.runtime.sampling import SamplingParams
 
 MAX_K = 16  # the widest verify pass any artifact is asked for is MAX_K + 1 tokens
@@ -32,8 +34,14 @@ class GenerationSettings:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     chat: bool = False  # wrap a text prompt in the model's chat template
     system: str | None = None  # the system message of a chat prompt
+    grammar: Grammar | None = None  # structured output: every emitted token follows it
+    logprobs: int | None = None  # report each token's log-probability and this many alternatives
 
     def __post_init__(self) -> None:
+        if self.logprobs is not None:
+            check_top(self.logprobs)
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise InputError("grammar must be a specx Grammar", "e.g. Grammar.json_schema(schema)")
         if self.max_new_tokens < 1:
             raise InputError(f"max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if not 0.0 <= self.draft_p_min < 1.0:

@@ -28,6 +28,7 @@ registry.py.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -75,12 +76,39 @@ class Proposal:
     catchup: int = 0  # committed tokens the drafter fed to its model before drafting
     model_passes: int = 0  # draft-model passes this proposal cost
 
+    def head(self, n: int) -> Proposal:
+        """The proposal's first n tokens (a grammar cuts what it could never accept)."""
+        if n >= self.tokens.shape[0]:
+            return self
+        return dataclasses.replace(
+            self,
+            tokens=self.tokens[:n],
+            p_draft=None if self.p_draft is None else self.p_draft[:n],
+            confidence=None if self.confidence is None else self.confidence[:n],
+        )
+
 
 NO_PROPOSAL = Proposal(EMPTY)
 
 # A proposal as steps: yields the tokens of each draft pass, is sent that pass's last logits row
 # ([vocab]), returns the proposal.
 ProposalSteps = Generator[np.ndarray, np.ndarray, Proposal]
+
+
+class DraftGrammar(Protocol):
+    """The grammar of a constrained generation as a model drafter walks it while proposing
+    (constraint.Constraint): it proposes only what the grammar allows, so structure the grammar
+    forces is drafted (and accepted) instead of refused."""
+
+    def draft_allowed(self) -> np.ndarray:
+        """[target vocab] bool: what may follow the committed and the pushed tokens."""
+        ...
+
+    def draft_push(self, token: int) -> None: ...
+
+    def draft_end(self) -> None:
+        """The proposal is done: forget the pushed tokens."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -93,6 +121,7 @@ class DraftRequest:
     # a draft model reads the prompt at start (True), or only when first asked to propose (a
     # batch row whose K may stay 0 then never pays for it)
     prefill: bool = True
+    grammar: DraftGrammar | None = None  # a constrained generation's grammar
 
 
 class Drafter(Protocol):

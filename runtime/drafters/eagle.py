@@ -94,8 +94,11 @@ class EagleDrafter:
         logits, hidden = self._catch_up(context)  # [vocab], [1, hidden]: predicts x_m
         chain = DraftChain(k, plan, self._request, self.eos)
         for i in range(k):
+            row = chain.restrict(logits)
+            if row is None:
+                break
             token, probs, top = pick_token(
-                logits, self._context_len + i, self._request, self.target_vocab, chain.want_top
+                row, self._context_len + i, self._request, self.target_vocab, chain.want_top
             )
             if not chain.offer(i, token, probs, top):
                 break

@@ -79,9 +79,24 @@ class DraftChain:
         self.min_confidence = request.min_confidence
         self.want_top = plan is not None or self.min_confidence > 0.0  # compute confidences
         self.eos = eos
+        self.grammar = request.grammar
         self.tokens: list[int] = []
         self.rows: list[np.ndarray] = []  # p_draft rows (rejection sampling)
         self.tops: list[float] = []
+
+    def restrict(self, row: np.ndarray) -> np.ndarray | None:
+        """The draft's logits row [width] with what the grammar refuses at -inf (None: the
+        grammar allows nothing the draft can emit; the proposal ends)."""
+        if self.grammar is None:
+            return row
+        allowed = self.grammar.draft_allowed()
+        width = row.shape[0]
+        if allowed.shape[0] < width:
+            allowed = np.pad(allowed, (0, width - allowed.shape[0]))
+        allowed = allowed[:width]
+        if not allowed.any():
+            return None
+        return np.where(allowed, row, -np.inf)
 
     def offer(self, i: int, token: int, probs: np.ndarray | None, top: float) -> bool:
         """Draft token i: take it or not; True when the draft should propose another."""
@@ -94,9 +109,13 @@ class DraftChain:
         self.tops.append(top)
         if probs is not None:
             self.rows.append(probs)
+        if self.grammar is not None:
+            self.grammar.draft_push(token)
         return more and i < self.k - 1 and not (self.eos.size and token in self.eos)
 
     def proposal(self, catchup: int, model_passes: int) -> Proposal:
+        if self.grammar is not None:
+            self.grammar.draft_end()
         return Proposal(
             np.asarray(self.tokens, dtype=np.int64),
             np.stack(self.rows) if self.rows else None,  # [n, target_vocab]
@@ -169,13 +188,6 @@ class ModelDrafter:
         if request.prefill and prompt.shape[0] > 1:
             self._feed(self._input(prompt[:-1]))
 
-    def _next(
-        self, logits: np.ndarray, position: int, want_top: bool
-    ) -> tuple[int, np.ndarray | None, float]:
-        return pick_token(
-            logits[: self.shared_vocab], position, self._request, self.target_vocab, want_top
-        )
-
     def source(self, context: np.ndarray) -> str:
         return MODEL
 
@@ -203,7 +215,12 @@ class ModelDrafter:
         passes = 1
         chain = DraftChain(k, plan, self._request, self.eos)
         for i in range(k):
-            token, probs, top = self._next(logits, self._context_len + i, chain.want_top)
+            row = chain.restrict(logits[: self.shared_vocab])
+            if row is None:
+                break
+            token, probs, top = pick_token(
+                row, self._context_len + i, self._request, self.target_vocab, chain.want_top
+            )
             if not chain.offer(i, token, probs, top):
                 break
             logits = yield self._input(np.array([token], dtype=np.int64))

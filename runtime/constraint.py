@@ -1,0 +1,255 @@
+"""Structured output that stays speculative: a grammar every emitted token must follow.
+
+A `Grammar` says what the output must be (a JSON Schema, any JSON object, a Lark or GBNF grammar,
+a regular expression); `Grammar.compile` turns it into llguidance's grammar, checked once per
+request. A `Constraint` is one generation's matcher over it. Within a step:
+
+    admit   the draft is cut after its first token the grammar refuses: that token stays (the
+            masked target gives it no probability, so verification rejects it and draws the
+            correction as it would for any rejected token: exact under rejection sampling too),
+            whatever follows it could never be accepted
+    mask    row i of the target's logits gets -inf wherever the grammar refuses the token after
+            d_1 .. d_i (the matcher walks the admitted draft, then rolls back: one mask per row)
+    commit  the committed tokens advance the matcher
+
+Verification then sees exactly the distributions the target alone would sample from under the
+grammar (greedy: its masked argmax), so every exactness property of unconstrained speculation
+holds under the constraint: greedy output equals constrained decoding by the target alone, and
+with drafter-invariant sampling a seed fixes the text for every K and drafter.
+
+llguidance is an optional dependency (`pip install specx[grammar]`); nothing imports it until a
+grammar is asked for.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specx.runtime.errors import InputError
+
+# kind -> what `source` holds
+GRAMMAR_KINDS = {
+    "json_schema": "a JSON Schema (JSON text)",
+    "json_object": "any JSON object (source unused)",
+    "lark": "a Lark grammar in llguidance's dialect",
+    "gbnf": "a GBNF grammar (llama.cpp's format)",
+    "regex": "a regular expression the whole output must match",
+}
+# file suffix -> kind, for --grammar FILE
+SUFFIX_KINDS = {".json": "json_schema", ".lark": "lark", ".gbnf": "gbnf", ".regex": "regex"}
+INSTALL_HINT = "install the grammar engine: pip install 'specx[grammar]' (llguidance)"
+
+
+def _llguidance() -> Any:
+    try:
+        import llguidance
+    except ImportError as e:
+        raise InputError("structured output needs llguidance, not installed", INSTALL_HINT) from e
+    return llguidance
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What every generated text must be."""
+
+    kind: str  # one of GRAMMAR_KINDS
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise InputError(
+                f"unknown grammar kind {self.kind!r}", f"use one of {', '.join(GRAMMAR_KINDS)}"
+            )
+
+    @classmethod
+    def json_schema(cls, schema: dict[str, Any] | str) -> Grammar:
+        text = schema if isinstance(schema, str) else json.dumps(schema)
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InputError(f"the JSON Schema is not valid JSON: {e}") from e
+        if not isinstance(parsed, dict | bool):
+            raise InputError("a JSON Schema must be a JSON object (or true/false)")
+        return cls("json_schema", text)
+
+    @classmethod
+    def json_object(cls) -> Grammar:
+        return cls("json_object")
+
+    @classmethod
+    def from_file(cls, path: str | Path, kind: str | None = None) -> Grammar:
+        """A grammar file: its kind from `kind` or the suffix (.json: JSON Schema, .lark, .gbnf,
+        .regex)."""
+        file = Path(path)
+        kind = kind or SUFFIX_KINDS.get(file.suffix.lower())
+        if kind is None:
+            raise InputError(
+                f"cannot tell the grammar format of {file.name}",
+                f"name it with one of {', '.join(SUFFIX_KINDS)}",
+            )
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"cannot read the grammar file {file}: {e}") from e
+        return cls.json_schema(text) if kind == "json_schema" else cls(kind, text)
+
+    def compile(self) -> str:
+        """llguidance's grammar for this one; an InputError names what is wrong with it."""
+        llg = _llguidance()
+        matcher = llg.LLMatcher
+        try:
+            if self.kind == "json_schema":
+                grammar = matcher.grammar_from_json_schema(self.source, defaults=JSON_OPTIONS)
+            elif self.kind == "json_object":
+                grammar = matcher.grammar_from_json_schema(
+                    {"type": "object"}, defaults=JSON_OPTIONS
+                )
+            elif self.kind == "regex":
+                grammar = matcher.grammar_from_regex(self.source)
+            elif self.kind == "gbnf":
+                grammar = matcher.grammar_from_lark(_gbnf_to_lark(self.source))
+            else:
+                grammar = matcher.grammar_from_lark(self.source)
+        except (ValueError, TypeError) as e:  # gbnf_to_lark and the JSON reader raise these
+            raise InputError(f"invalid {self.kind} grammar: {e}") from e
+        is_error, messages = matcher.validate_grammar_with_warnings(grammar)
+        if is_error:
+            raise InputError(
+                f"invalid {self.kind} grammar: {messages[0] if messages else 'unknown error'}",
+                "check it against " + GRAMMAR_KINDS[self.kind],
+            )
+        return str(grammar)
+
+
+def _gbnf_to_lark(source: str) -> str:
+    from llguidance.gbnf_to_lark import gbnf_to_lark
+
+    try:
+        return str(gbnf_to_lark(source))
+    except Exception as e:  # the converter raises bare Exceptions for undefined rules
+        raise ValueError(str(e)) from e
+
+
+# JSON output as compact as a model writes it when it is free to: ", " and ": " separators
+# (llguidance's default), any whitespace refused so a model cannot pad forever.
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
+
+
+class GrammarTokenizer:
+    """llguidance's view of an artifact's tokenizer (built once per pipeline: it indexes every
+    token's bytes, which takes about a second on a 150k vocabulary)."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: tuple[int, ...]):
+        llg = _llguidance()
+        self.vocab_size = vocab_size  # the target's logits width (may exceed the tokenizer's)
+        self.eos_token_ids = eos_token_ids
+        self.native = llg.LLTokenizer(
+            tokenizer_json, n_vocab=vocab_size, eos_token=list(eos_token_ids) or None
+        )
+
+    def constraint(self, grammar: Grammar | str) -> Constraint:
+        compiled = grammar.compile() if isinstance(grammar, Grammar) else grammar
+        return Constraint(self, compiled)
+
+
+class Constraint:
+    """One generation's grammar state (module docstring: admit, mask, commit), and the walk a
+    model drafter takes through it while proposing (draft_allowed, draft_push, draft_end)."""
+
+    def __init__(self, tokenizer: GrammarTokenizer, grammar: str) -> None:
+        llg = _llguidance()
+        self.vocab_size = tokenizer.vocab_size
+        self.eos = set(tokenizer.eos_token_ids)
+        self.matcher = llg.LLMatcher(tokenizer.native, grammar, log_level=0)
+        if self.matcher.is_error():
+            raise InputError(f"invalid grammar: {self.matcher.get_error()}")
+        self._bits = np.zeros((self.vocab_size + 31) // 32, dtype=np.int32)
+        # masks computed since the last commit, by the tokens after it: the draft's walk and
+        # the verify pass ask for the same positions
+        self._masks: dict[tuple[int, ...], np.ndarray] = {}
+        self._walked: list[int] = []  # tokens a drafter pushed in this proposal
+
+    @property
+    def finished(self) -> bool:
+        """The grammar is complete and allows nothing more (only an end-of-sequence token)."""
+        return bool(self.matcher.is_stopped())
+
+    def _allowed_now(self, after: tuple[int, ...]) -> np.ndarray:
+        """[vocab] bool: what the grammar allows in the matcher's state, which is `after` the
+        last committed token."""
+        found = self._masks.get(after)
+        if found is None:
+            v = self._bits
+            self.matcher.unsafe_compute_mask_ptr(v.ctypes.data, v.size * v.itemsize)
+            if self.matcher.is_error():
+                raise RuntimeError(f"grammar matcher failed: {self.matcher.get_error()}")
+            # little-endian bits within each int32 word
+            found = np.unpackbits(v.view(np.uint8), bitorder="little")[: self.vocab_size]
+            found = found.astype(bool)
+            self._masks[after] = found
+        return found
+
+    # -- a model drafter's walk (DraftChain): propose only what the grammar allows ---------
+    def draft_allowed(self) -> np.ndarray:
+        """[vocab] bool: what may follow the committed tokens and the pushed draft tokens."""
+        return self._allowed_now(tuple(self._walked))
+
+    def draft_push(self, token: int) -> None:
+        if token in self.eos:
+            return  # the proposal ends with it; an end token is never walked past
+        if not self.matcher.consume_token(token):
+            raise RuntimeError(f"the grammar refused draft token {token}")
+        self._walked.append(token)
+
+    def draft_end(self) -> None:
+        """The proposal is done: back to the committed state."""
+        if self._walked:
+            self.matcher.rollback(len(self._walked))
+            self._walked = []
+
+    # -- the step ---------------------------------------------------------------------------
+    def admit(self, draft: np.ndarray) -> int:
+        """How many draft tokens to verify: the prefix the grammar allows, plus its first
+        refused token if any (module docstring)."""
+        valid = int(self.matcher.validate_tokens(draft.tolist()))
+        return min(valid + 1, int(draft.shape[0]))
+
+    def allowed(self, draft: np.ndarray) -> np.ndarray:
+        """[n + 1, vocab] bool: row i is what the grammar allows after the admitted draft's
+        first i tokens. A row past a refused token or an end token (never read by
+        verification) repeats the last row the grammar could compute."""
+        tokens = draft.tolist()
+        n = len(tokens)
+        # rows computed: up to the first refused or end token (the row deciding it included)
+        walk = int(self.matcher.validate_tokens(tokens))
+        walk = min([walk, *(i for i, t in enumerate(tokens) if t in self.eos)])
+        rows = [self._allowed_now(())]
+        for i in range(walk):
+            self.matcher.consume_token(tokens[i])
+            rows.append(self._allowed_now(tuple(tokens[: i + 1])))
+        if walk:
+            self.matcher.rollback(walk)
+        rows += [rows[-1]] * (n + 1 - len(rows))  # rows past it: never read by verification
+        return np.stack(rows)
+
+    def mask(self, draft: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        """The target's logits [n + 1, vocab] with what the grammar refuses at -inf (a copy)."""
+        allowed = self.allowed(draft)  # [n + 1, vocab]
+        width = logits.shape[-1]
+        if width > allowed.shape[-1]:
+            allowed = np.pad(allowed, ((0, 0), (0, width - allowed.shape[-1])))
+        return np.where(allowed[:, :width], logits, np.float32(-np.inf))
+
+    def commit(self, tokens: np.ndarray) -> None:
+        """Advance past the tokens a step committed (each one the masked target allowed)."""
+        self._masks.clear()
+        for token in tokens.tolist():
+            if token in self.eos and self.matcher.is_accepting():
+                return  # the end: the generation stops here, the matcher takes no more
+            if not self.matcher.consume_token(token):
+                raise RuntimeError(f"the grammar refused token {token}: {self.matcher.get_error()}")
