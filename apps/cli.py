@@ -122,6 +122,25 @@ What stays equal to the target alone:
     show_default=True,
     help="How sampled drafts are checked (see above).",
 )
+@click.option(
+    "--json-schema",
+    type=click.Path(path_type=Path),
+    help="Structured output: the text is JSON valid against this JSON Schema file.",
+)
+@click.option(
+    "--grammar",
+    "grammar_file",
+    type=click.Path(path_type=Path),
+    help="Structured output: the text follows this grammar (.lark: Lark, llguidance's dialect; "
+    ".gbnf: llama.cpp's GBNF; .regex: a regular expression; .json: a JSON Schema).",
+)
+@click.option("--json-object", is_flag=True, help="Structured output: the text is one JSON object.")
+@click.option(
+    "--logprobs",
+    type=int,
+    default=None,
+    help="With --json: each token's log-probability and this many alternatives (0..20).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @provider_option
 @threads_option
@@ -145,13 +164,37 @@ def run(
     min_p: float,
     seed: int | None,
     verification: str,
+    json_schema: Path | None,
+    grammar_file: Path | None,
+    json_object: bool,
+    logprobs: int | None,
     as_json: bool,
     providers: tuple[str, ...],
     threads: int | None,
     debug: bool,
 ) -> None:
-    from specx.runtime import GenerationSettings, Pipeline, SamplingParams
+    from specx.runtime import GenerationSettings, Grammar, InputError, Pipeline, SamplingParams
 
+    given = [
+        name
+        for name, v in (
+            ("--json-schema", json_schema),
+            ("--grammar", grammar_file),
+            ("--json-object", json_object),
+        )
+        if v
+    ]
+    if len(given) > 1:
+        raise InputError(f"{' and '.join(given)} both constrain the output", "pass one of them")
+    if logprobs is not None and not as_json:
+        raise InputError("--logprobs needs --json (they are printed in the JSON result)")
+    grammar = None
+    if json_schema is not None:
+        grammar = Grammar.from_file(json_schema, "json_schema")
+    elif grammar_file is not None:
+        grammar = Grammar.from_file(grammar_file)
+    elif json_object:
+        grammar = Grammar.json_object()
     text = _read_prompt(prompt, prompt_file)
     settings = GenerationSettings(
         max_new_tokens=max_new_tokens,
@@ -162,6 +205,8 @@ def run(
         sampling=SamplingParams(temperature, top_k, top_p, min_p, seed, verification),
         chat=chat,
         system=system,
+        grammar=grammar,
+        logprobs=logprobs,
     )
     thread_pool(threads)
     pipeline = Pipeline.load(artifact, providers=providers or None, threads=threads)
@@ -183,6 +228,12 @@ def run(
         if result.stats.stop_reason == "max_length":
             click.echo(
                 f"note: stopped at the maximum context ({pipeline.manifest.max_length} tokens)",
+                err=True,
+            )
+        if grammar is not None and result.stats.stop_reason in ("max_new_tokens", "max_length"):
+            click.echo(
+                "note: the token limit came before the grammar was complete: the text may not "
+                "parse (raise --max-new-tokens)",
                 err=True,
             )
         if interrupted:

@@ -148,9 +148,12 @@ class GrammarTokenizer:
         llg = _llguidance()
         self.vocab_size = vocab_size  # the target's logits width (may exceed the tokenizer's)
         self.eos_token_ids = eos_token_ids
-        self.native = llg.LLTokenizer(
-            tokenizer_json, n_vocab=vocab_size, eos_token=list(eos_token_ids) or None
-        )
+        try:
+            self.native = llg.LLTokenizer(
+                tokenizer_json, n_vocab=vocab_size, eos_token=list(eos_token_ids) or None
+            )
+        except ValueError as e:  # e.g. a word-level tokenizer: no bytes to match
+            raise InputError(f"this artifact's tokenizer cannot take a grammar: {e}") from e
 
     def constraint(self, grammar: Grammar | str) -> Constraint:
         compiled = grammar.compile() if isinstance(grammar, Grammar) else grammar

@@ -264,9 +264,8 @@ class Pipeline:
             return self._learned.get(drafter)
 
     # -- generation -----------------------------------------------------------------------
-    def constraint(self, grammar: Grammar) -> Constraint:
-        """A fresh matcher of `grammar` over this artifact's tokenizer (InputError if the grammar
-        is invalid)."""
+    def grammar_tokenizer(self) -> GrammarTokenizer:
+        """llguidance's view of the tokenizer (built on first use; InputError without it)."""
         with self._lock:
             if self._grammar_tokenizer is None:
                 path = self.folder / self.manifest.tokenizer
@@ -275,8 +274,20 @@ class Pipeline:
                     self.manifest.target.vocab_size,
                     self.manifest.special_tokens.eos_token_ids,
                 )
-            tokenizer = self._grammar_tokenizer
-        return tokenizer.constraint(grammar)
+            return self._grammar_tokenizer
+
+    def constraint(self, grammar: Grammar) -> Constraint:
+        """A fresh matcher of `grammar` over this artifact's tokenizer (InputError if the grammar
+        is invalid)."""
+        return self.grammar_tokenizer().constraint(grammar)
+
+    def token_bytes(self, ids: Sequence[int]) -> dict[int, bytes]:
+        """Each token's own bytes (a byte-level token may hold part of a character)."""
+        try:
+            native = self.grammar_tokenizer().native
+        except InputError:  # no llguidance: the decoded text, whole characters only
+            return {int(t): self.codec.decode([t]).encode("utf-8") for t in set(ids)}
+        return {int(t): bytes(native.decode_bytes([int(t)])) for t in set(ids)}
 
     def encode_prompt(
         self, prompt: Prompt, chat: bool = False, system: str | None = None
@@ -349,8 +360,10 @@ class Pipeline:
 
     def validate(self, settings: GenerationSettings) -> None:
         """Raise the InputError that `stream` would raise for these settings on this artifact
-        (drafter, K against the profile), without starting anything."""
+        (drafter, K against the profile, the grammar), without starting anything."""
         self.resolve_policy(settings)
+        if settings.grammar is not None:
+            self.constraint(settings.grammar)
 
     def stream(
         self, prompt: Prompt, settings: GenerationSettings | None = None, **options: Any

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,12 @@ class TextCodec:
         ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         return np.asarray(ids, dtype=np.int64)
 
+    @property
+    def special_ids(self) -> set[int]:
+        """Ids of the special tokens (decoding leaves them out of the text)."""
+        added = self.tokenizer.get_added_tokens_decoder()
+        return {int(i) for i, token in added.items() if token.special}
+
     def decode(self, ids: Sequence[int] | np.ndarray, skip_special_tokens: bool = True) -> str:
         return str(
             self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
@@ -50,10 +56,12 @@ class TextCodec:
 
     def render_chat(
         self,
-        messages: list[dict[str, str]],
+        messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> str:
-        """Render messages with the model's chat template, as transformers does."""
+        """Render messages with the model's chat template, as transformers does (`tools`: the
+        OpenAI-style function specs the template's `tools` variable lists)."""
         if not self.chat_template:
             raise InputError(
                 "this model has no chat template",
@@ -79,6 +87,7 @@ class TextCodec:
         env.globals["strftime_now"] = strftime_now
         context: dict[str, Any] = {
             "messages": messages,
+            "tools": tools or None,
             "add_generation_prompt": add_generation_prompt,
             "bos_token": self.special.bos_token or "",
             "eos_token": self.special.eos_token or "",
@@ -93,9 +102,13 @@ class TextCodec:
         messages.append({"role": "user", "content": prompt})
         return self.encode_messages(messages)
 
-    def encode_messages(self, messages: list[dict[str, str]]) -> np.ndarray:
+    def encode_messages(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> np.ndarray:
         """A conversation (role/content messages) through the chat template, ready to answer."""
-        return self.encode(self.render_chat(messages), add_special_tokens=False)
+        return self.encode(self.render_chat(messages, tools=tools), add_special_tokens=False)
 
     def stream_decoder(self) -> IncrementalDecoder:
         return IncrementalDecoder(self)

@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette.sse import EventSourceResponse
@@ -37,7 +38,14 @@ from specx.apps.serve.protocol import (
     response,
     usage,
 )
-from specx.runtime import GenerationSettings, InputError, Pipeline, SpecxError
+from specx.apps.serve.structured import (
+    OPEN_TAG,
+    chat_logprobs,
+    completion_logprobs,
+    read_tool_calls,
+    template_messages,
+)
+from specx.runtime import GenerationSettings, InputError, Pipeline, SpecxError, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,7 @@ class Server:
         self.pipeline = pipeline
         self.config = config
         self.metrics = Metrics()
+        self._specials: set[int] | None = None
         self.engine = Engine(
             pipeline, config.max_concurrency, config.max_queue, self.metrics.finished
         )
@@ -168,13 +177,20 @@ class Server:
             stats = done.result.stats
             self.metrics.requests.labels(endpoint, 200).inc()
             counts = usage(stats.prompt_tokens, stats.new_tokens, stats.reused_prompt_tokens)
+            content: str | None = text
+            calls: list[dict[str, Any]] = []
+            if request.tools is not None:
+                content, calls = read_tool_calls(text, request.tools)
+            entries = done.result.logprobs
             body = response(
                 request,
                 self.config.model_name,
-                text,
+                content,
                 finish_reason(done.reason),
                 counts,
                 stats.to_json(),
+                None if entries is None else self._logprobs(request, self._fit(entries, text)),
+                calls,
             )
             return JSONResponse(body)
         except (RequestError, Busy, ShuttingDown, TimeoutError, SpecxError) as e:
@@ -202,13 +218,19 @@ class Server:
                 code="model_not_found",
             )
         try:
+            settings = request.settings
             if request.messages is not None:
-                prompt = self.pipeline.codec.encode_messages(request.messages)
+                tools = request.tools
+                specs = list(tools.specs) if tools is not None and tools.choice != "none" else None
+                messages = template_messages(request.messages)
+                prompt = self.pipeline.codec.encode_messages(messages, tools=specs)
+                if tools is not None and tools.forced:
+                    tagged = OPEN_TAG in (self.pipeline.codec.chat_template or "")
+                    settings = GenerationSettings.of(settings, grammar=tools.grammar(tagged))
             else:
                 assert request.prompt is not None
                 prompt = self.pipeline.encode_prompt(request.prompt)
             prompt = self.pipeline.encode_prompt(prompt)  # checks the length and the ids
-            settings = request.settings
             if not request.max_tokens_given:  # up to the end of the context
                 room = self.pipeline.manifest.max_length - len(prompt) + 1
                 settings = GenerationSettings.of(settings, max_new_tokens=max(1, room))
@@ -219,6 +241,8 @@ class Server:
                 param: str | None = "drafter"
             elif "prompt" in e.message:
                 param = "messages" if chat else "prompt"
+            elif "grammar" in e.message or "Schema" in e.message:
+                param = "tools" if request.tools is not None else "response_format"
             else:
                 param = None
             raise RequestError(message, param) from e
@@ -235,13 +259,41 @@ class Server:
         model = self.config.model_name
         item: Delta | Done = first
         opened = False
+        held = request.tools is not None and request.tools.choice != "none"  # calls: at the end
+        offset = 0  # characters sent (completions' text_offset)
         try:
             while True:
                 if isinstance(item, Delta):
-                    yield json.dumps(chunk(request, model, item.text, None, first=not opened))
-                    opened = True
+                    if not held:
+                        logprobs = None
+                        if item.logprobs is not None:
+                            logprobs = self._logprobs(request, item.logprobs, offset)
+                        yield json.dumps(
+                            chunk(request, model, item.text, None, not opened, logprobs=logprobs)
+                        )
+                        opened, offset = True, offset + len(item.text)
                 else:
                     stats = item.result.stats
+                    reason = finish_reason(item.reason)
+                    if held and not job.timed_out:
+                        assert request.tools is not None
+                        content, calls = read_tool_calls(item.text, request.tools)
+                        entries = item.result.logprobs
+                        logprobs = None
+                        if entries is not None:
+                            logprobs = self._logprobs(request, self._fit(entries, item.text))
+                        yield json.dumps(
+                            chunk(
+                                request,
+                                model,
+                                content,
+                                None,
+                                True,
+                                logprobs=logprobs,
+                                tool_calls=calls,
+                            )
+                        )
+                        opened, reason = True, "tool_calls" if calls else reason
                     if job.timed_out:
                         error = RequestError(
                             "the request exceeded its time limit of "
@@ -251,11 +303,7 @@ class Server:
                         )
                         yield json.dumps(error.body())
                     else:
-                        yield json.dumps(
-                            chunk(
-                                request, model, None, finish_reason(item.reason), first=not opened
-                            )
-                        )
+                        yield json.dumps(chunk(request, model, None, reason, first=not opened))
                     if request.include_usage:
                         counts = usage(
                             stats.prompt_tokens, stats.new_tokens, stats.reused_prompt_tokens
@@ -268,6 +316,36 @@ class Server:
                 item = await anext(events)
         finally:
             await events.aclose()  # a client that went away: the generation stops
+
+    # -- logprobs ---------------------------------------------------------------------------
+    def _fit(self, entries: list[TokenLogprob], text: str) -> list[TokenLogprob]:
+        """The entries of the tokens that make `text` (a stop string may have cut it; end
+        tokens are not text)."""
+        eos = set(self.pipeline.manifest.special_tokens.eos_token_ids)
+        raw = self.pipeline.token_bytes([e.token for e in entries])
+        kept, length, limit = [], 0, len(text.encode("utf-8"))
+        for e in entries:
+            if e.token in eos or length >= limit:
+                break
+            kept.append(e)
+            length += len(raw[e.token])
+        return kept
+
+    def _special_ids(self) -> set[int]:
+        if self._specials is None:
+            self._specials = self.pipeline.codec.special_ids
+        return self._specials
+
+    def _logprobs(
+        self, request: Request, entries: list[TokenLogprob], offset: int = 0
+    ) -> dict[str, Any]:
+        special = self._special_ids()
+        entries = [e for e in entries if e.token not in special]  # not in the text either
+        ids = [e.token for e in entries] + [t for e in entries for t, _ in e.top]
+        raw = self.pipeline.token_bytes(ids)
+        if request.chat:
+            return chat_logprobs(entries, raw)
+        return completion_logprobs(entries, raw, offset)
 
     def app(self) -> ASGIApp:
         @asynccontextmanager

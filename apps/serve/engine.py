@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from specx.runtime import GenerationResult, GenerationSettings, Pipeline
+from specx.runtime import GenerationResult, GenerationSettings, Pipeline, TokenLogprob
 
 
 class Busy(Exception):
@@ -50,6 +50,7 @@ class Job:
 @dataclass(frozen=True)
 class Delta:
     text: str
+    logprobs: list[TokenLogprob] | None = None  # of the tokens committed since the last delta
 
 
 @dataclass(frozen=True)
@@ -165,13 +166,23 @@ class Engine:
         try:
             generation = self.pipeline.stream(job.prompt, job.settings)
             reason = ""
+            sent = 0  # logprob entries sent with deltas
+
+            def new_logprobs() -> list[TokenLogprob] | None:
+                nonlocal sent
+                entries = generation.result.logprobs
+                if entries is None:
+                    return None
+                fresh, sent = entries[sent:], len(entries)
+                return fresh
+
             try:
                 for piece in generation:
                     if first_token_s is None:
                         first_token_s = time.monotonic() - started
                     text, stop = scanner.push(piece)
                     if text:
-                        put(Delta(text))
+                        put(Delta(text, new_logprobs()))
                     if stop is not None:
                         job.stopped_by, reason = stop, "stop"
                         break
@@ -185,7 +196,7 @@ class Engine:
                 generation.close()  # returns the workspace to the pool
             tail = scanner.flush() if reason != "stop" else ""
             if tail:
-                put(Delta(tail))
+                put(Delta(tail, new_logprobs()))
             result = generation.result
             done = Done(result, scanner.text, reason or result.stats.stop_reason)
         except BaseException as e:  # delivered to the request, which answers with an error

@@ -7,11 +7,13 @@ field (`param`) and a message, sent back as OpenAI's error object. The mapping:
     temperature (default 1), top_p, seed     SamplingParams (temperature 0: greedy)
     stop (a string or up to 4)          applied to the text as it streams
     n                                   must be 1
+    response_format, tools, tool_choice GenerationSettings.grammar (structured.py)
+    logprobs, top_logprobs              GenerationSettings.logprobs
     top_k, min_p, k ("auto" or 0..16), drafter, verification
                                         specx's extras (OpenAI clients: extra_body)
 
 Fields that would change the output distribution and that specx does not implement
-(presence/frequency penalties, logit_bias, logprobs, tools) are refused rather than ignored.
+(presence/frequency penalties, logit_bias) are refused rather than ignored.
 """
 
 from __future__ import annotations
@@ -22,38 +24,19 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from specx.apps.serve.errors import RequestError
+from specx.apps.serve.structured import (
+    Tools,
+    parse_tools,
+    requested_logprobs,
+    response_grammar,
+)
 from specx.runtime import GenerationSettings, InputError, SamplingParams
 from specx.runtime.settings import AUTO, MAX_K
 
 MAX_STOPS = 4
-UNSUPPORTED = ("logit_bias", "logprobs", "top_logprobs", "tools", "functions", "echo", "suffix")
-
-
-class RequestError(Exception):
-    """A request the server refuses; the fields of OpenAI's error object."""
-
-    def __init__(
-        self,
-        message: str,
-        param: str | None = None,
-        status: int = 400,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message, self.param, self.status = message, param, status
-        self.kind, self.code, self.headers = kind, code, headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+ROLES = ("system", "developer", "user", "assistant", "tool")
+UNSUPPORTED = ("logit_bias", "functions", "function_call", "echo", "suffix")
 
 
 @dataclass(frozen=True)
@@ -62,12 +45,13 @@ class Request:
 
     chat: bool
     prompt: str | list[int] | None  # completions
-    messages: list[dict[str, str]] | None  # chat
+    messages: list[dict[str, Any]] | None  # chat
     settings: GenerationSettings
     stream: bool
     include_usage: bool
     stop: tuple[str, ...] = ()
     max_tokens_given: bool = False
+    tools: Tools | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -106,31 +90,38 @@ def _stops(body: dict[str, Any]) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list", "messages")
     out = []
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
-        if not isinstance(message, dict) or message.get("role") not in (
-            "system",
-            "developer",
-            "user",
-            "assistant",
-        ):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
             raise RequestError(
-                f"{where} needs a role of system, user or assistant", f"{where}.role"
+                f"{where} needs a role of system, user, assistant or tool", f"{where}.role"
             )
         content = message.get("content")
         if isinstance(content, list):  # content parts: text only
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
                 raise RequestError(f"{where}: only text content is supported", f"{where}.content")
             content = "".join(str(p.get("text", "")) for p in content)
+        calls = message.get("tool_calls") if message["role"] == "assistant" else None
+        if content is None and calls:
+            content = ""  # an assistant turn that only called tools
         if not isinstance(content, str):
             raise RequestError(f"{where}.content must be a string", f"{where}.content")
         role = "system" if message["role"] == "developer" else message["role"]
-        out.append({"role": role, "content": content})
+        turn: dict[str, Any] = {"role": role, "content": content}
+        if calls:
+            if not isinstance(calls, list) or not all(
+                isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls
+            ):
+                raise RequestError(f"{where}.tool_calls must be a list of calls", where)
+            turn["tool_calls"] = calls
+        if role == "tool" and isinstance(message.get("tool_call_id"), str):
+            turn["tool_call_id"] = message["tool_call_id"]
+        out.append(turn)
     return out
 
 
@@ -186,6 +177,13 @@ def parse_request(body: Any, chat: bool) -> Request:
     if drafter is not None and not isinstance(drafter, str):
         raise RequestError("drafter must be a string", "drafter")
     verification = body.get("verification", "invariant")
+    tools = parse_tools(body) if chat else None
+    grammar = response_grammar(body)
+    forced = tools is not None and tools.forced
+    if grammar is not None and forced:
+        raise RequestError(
+            "response_format and a forced tool call both constrain the output", "response_format"
+        )
     try:
         sampling = SamplingParams(
             temperature=_number(body, "temperature", 1.0, 0.0, 1e6),
@@ -201,6 +199,8 @@ def parse_request(body: Any, chat: bool) -> Request:
             max_k=_integer(body, "max_k", 8, 1) or 8,
             drafter=drafter,
             sampling=sampling,
+            grammar=grammar,  # a forced tool call's grammar is set with the template (app.py)
+            logprobs=requested_logprobs(body, chat),
         )
     except InputError as e:  # what the checks above leave: verification, max_k's range
         raise RequestError(e.message) from e
@@ -213,6 +213,7 @@ def parse_request(body: Any, chat: bool) -> Request:
         include_usage=bool(options.get("include_usage", False)),
         stop=_stops(body),
         max_tokens_given=max_tokens is not None,
+        tools=tools,
     )
 
 
@@ -232,13 +233,24 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 
 def response(
-    request: Request, model: str, text: str, reason: str, counts: dict[str, Any], stats: Any
+    request: Request,
+    model: str,
+    text: str | None,
+    reason: str,
+    counts: dict[str, Any],
+    stats: Any,
+    logprobs: dict[str, Any] | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+    """The whole answer; with tool calls, `text` is the reply's content besides them (or None)."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": logprobs}
     if request.chat:
         choice["message"] = {"role": "assistant", "content": text}
+        if tool_calls:
+            choice["message"]["tool_calls"] = tool_calls
+            choice["finish_reason"] = "tool_calls"
     else:
-        choice["text"] = text
+        choice["text"] = text or ""
     return {
         "id": ("chatcmpl-" if request.chat else "cmpl-") + request.id,
         "object": "chat.completion" if request.chat else "text_completion",
@@ -258,16 +270,20 @@ def chunk(
     first: bool = False,
     counts: dict[str, Any] | None = None,
     stats: Any = None,
+    logprobs: dict[str, Any] | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """One streamed event: a text delta, the final one with its finish reason, or (with no text
-    and no reason) the usage chunk."""
+    """One streamed event: a text delta (with its tokens' logprobs, or tool calls), the final
+    one with its finish reason, or (with no text and no reason) the usage chunk."""
     choices: list[dict[str, Any]] = []
-    if text is not None or reason is not None:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+    if text is not None or reason is not None or tool_calls:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": logprobs}
         if request.chat:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
             if text:
                 delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(tool_calls)]
             choice["delta"] = delta
         else:
             choice["text"] = text or ""

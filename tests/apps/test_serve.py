@@ -7,29 +7,23 @@ every wait is bounded.
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from conftest import TinyPair, needs_exporter
+from serve_tools import MODEL, client, serving
 
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from specx.apps.cli import main  # noqa: E402
-from specx.apps.serve import ServeConfig, Server  # noqa: E402
-from specx.runtime import Pipeline  # noqa: E402
 
 pytestmark = needs_exporter
-MODEL = "tiny"
 
 
 @pytest.fixture
@@ -45,37 +39,6 @@ def slow_passes(monkeypatch: pytest.MonkeyPatch) -> None:
         return forward(self, tokens, cache)
 
     monkeypatch.setattr(OrtSession, "forward", slow)
-
-
-@contextmanager
-def serving(artifact: Any, **config: Any) -> Iterator[tuple[str, Any, Pipeline]]:
-    import uvicorn
-
-    pipeline = Pipeline.load(artifact)
-    app = Server(pipeline, ServeConfig(model_name=MODEL, **config)).app()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10, lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started, "the server did not start"
-    try:
-        yield f"http://127.0.0.1:{port}", server, pipeline
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        assert not thread.is_alive(), "the server did not stop"
-        sock.close()
-
-
-def client(base: str) -> Any:
-    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def run_cli_chat(artifact: Any, prompt: str, n: int) -> dict[str, Any]:
@@ -195,7 +158,38 @@ BAD = [
     ({"messages": [{"role": "user", "content": "word " * 300}]}, "chat", 400, "messages"),
     ({"messages": [{"role": "user", "content": "hi"}], "drafter": "turbo"}, "chat", 400, "drafter"),
     ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "chat", 400, "n"),
-    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "chat", 400, "logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": 3}, "chat", 400, "logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, "chat", 400, None),
+    ({"prompt": "hi", "logprobs": 9}, "completions", 400, "logprobs"),
+    ({"prompt": "hi", "logit_bias": {"5": 3}}, "completions", 400, "logit_bias"),
+    ({"prompt": "hi", "response_format": {"type": "xml"}}, "completions", 400, "response_format"),
+    (
+        {
+            "prompt": "hi",
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "nonsense"}},
+            },
+        },
+        "completions",
+        400,
+        "response_format",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"},
+        "chat",
+        400,
+        "tool_choice",
+    ),
+    (
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "a b"}}],
+        },
+        "chat",
+        400,
+        "tools[0]",
+    ),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "chat", 400, "messages[0].role"),
     ({"prompt": ""}, "completions", 400, "prompt"),
     ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, "completions", 400, "stop"),

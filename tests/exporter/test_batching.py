@@ -849,3 +849,47 @@ def test_the_batch_trace_script_traces_the_concurrency_benchs_own_run(llama: Any
     planned = [line for line in lines if " rows plain " in line or " rows drafted " in line]
     assert planned and all(int(line.split("steps")[1].split()[0]) > 0 for line in planned)
     assert any("shared draft-model runs" in line for line in lines)  # the fixed-K rows' runs
+
+
+def test_constrained_rows_with_logprobs_in_a_batch_equal_each_row_alone(llama: Any) -> None:
+    import json
+
+    from specx.runtime import Grammar
+
+    artifact, _ = llama
+    pipe = Pipeline.load(artifact)
+    schema = {
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer", "minimum": 0, "maximum": 99},
+            "b": {"type": "boolean"},
+        },
+        "required": ["n", "b"],
+        "additionalProperties": False,
+    }
+    grammar = Grammar.json_schema(schema)
+    settings = [
+        pipe_settings(max_new_tokens=40, drafter="mixed", k=3, grammar=grammar, logprobs=2),
+        pipe_settings(max_new_tokens=20, drafter="ngram", k="auto", logprobs=0),  # free text
+        pipe_settings(
+            max_new_tokens=40, drafter="mixed", k="auto", grammar=Grammar("regex", "[a-c]{3,6}")
+        ),
+        pipe_settings(
+            max_new_tokens=40, drafter="mixed", k=3, grammar=grammar, temperature=1.0, seed=5
+        ),
+    ]
+    results = pipe.generate_batch(PROMPTS[:4], settings, max_batch=4)
+    for prompt, setting, batched in zip(PROMPTS, settings, results, strict=False):
+        alone = pipe.generate(prompt, setting)
+        assert batched.token_ids == alone.token_ids
+        if setting.logprobs is not None:
+            assert batched.logprobs is not None and alone.logprobs is not None
+            assert len(batched.logprobs) == len(batched.token_ids)
+            for a, b in zip(batched.logprobs, alone.logprobs, strict=True):
+                assert a.token == b.token and abs(a.logprob - b.logprob) < 1e-4
+                # alternatives the grammar forbids have no probability: not listed
+                assert 1 <= len(a.top) <= setting.logprobs or setting.logprobs == 0
+                assert [t for t, _ in a.top] == [t for t, _ in b.top]
+    assert json.loads(results[0].text).keys() == {"n", "b"}
+    assert json.loads(results[3].text).keys() == {"n", "b"}
+    assert 3 <= len(results[2].text) <= 6 and set(results[2].text) <= set("abc")
