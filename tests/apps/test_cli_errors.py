@@ -19,18 +19,54 @@ pytestmark = needs_exporter
 def test_cli_bad_values_exit_2_without_traceback(llama_pair: TinyPair, tmp_path: Path) -> None:
     bad_file = tmp_path / "prompt.txt"
     bad_file.write_bytes(b"caf\xe9 au lait")  # latin-1, not UTF-8
+    lark = tmp_path / "g.lark"
+    lark.write_text("start: missing_rule\n")
     cases = [
         (["-p", "hi", "--temperature", "-1"], "temperature must be >= 0"),
         (["-p", "hi", "--top-p", "1.5"], "top-p must be in (0, 1]"),
         (["-p", "hi", "-k", "40"], "K must be in 0..16"),
         (["-p", ""], "the prompt is empty"),
         (["--prompt-file", str(bad_file)], "is not valid UTF-8 (byte 3"),
+        (["-p", "hi", "--grammar", str(tmp_path / "g.txt")], "cannot tell the grammar format"),
+        (["-p", "hi", "--grammar", str(lark)], "invalid lark grammar"),
+        (["-p", "hi", "--json-schema", str(bad_file)], "cannot read the grammar file"),
+        (["-p", "hi", "--json-schema", str(lark)], "not valid JSON"),
+        (["-p", "hi", "--json-object", "--grammar", str(lark)], "pass one of them"),
+        (["-p", "hi", "--logprobs", "2"], "--logprobs needs --json"),
+        (["-p", "hi", "--logprobs", "30", "--json"], "top logprobs must be in 0..20"),
     ]
     for args, message in cases:
         result = CliRunner().invoke(main, ["run", str(llama_pair.artifact), *args])
         assert result.exit_code == 2, (args, result.output)
         assert message in result.stderr, (args, result.stderr)
         assert "Traceback" not in result.stderr
+
+
+def test_structured_output_from_the_cli_parses_and_reports_logprobs(
+    llama_pair: TinyPair, tmp_path: Path
+) -> None:
+    import json
+
+    schema = tmp_path / "answer.json"
+    schema.write_text(
+        '{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],'
+        ' "additionalProperties": false}'
+    )
+    gbnf = tmp_path / "yes.gbnf"
+    gbnf.write_text('root ::= "yes" | "no"\n')
+    art = str(llama_pair.artifact)
+    result = CliRunner().invoke(
+        main, ["run", art, "-p", "hi", "--json-schema", str(schema), "--json", "--logprobs", "2"]
+    )
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert json.loads(out["text"]).keys() == {"ok"}
+    assert len(out["logprobs"]) == len(out["token_ids"])
+    assert all(e["logprob"] <= 0 and len(e["top"]) <= 2 for e in out["logprobs"])
+    result = CliRunner().invoke(main, ["run", art, "-p", "hi", "--grammar", str(gbnf), "-k", "2"])
+    assert result.exit_code == 0 and result.stdout.strip() in ("yes", "no"), result.output
+    result = CliRunner().invoke(main, ["run", art, "-p", "hi", "--json-object", "-n", "3"])
+    assert result.exit_code == 0 and "may not parse" in result.stderr
 
 
 def test_max_new_tokens_past_the_cache_stops_at_the_limit_and_says_so(

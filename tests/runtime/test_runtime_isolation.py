@@ -33,7 +33,7 @@ def test_specx_run_loads_neither_torch_nor_transformers(llama_pair: TinyPair) ->
         "from specx.apps.cli import main\n"
         "try:\n"
         f"    main(['run', {str(llama_pair.artifact)!r}, '-p', 'The cat', '-n', '5',"
-        " '--draft', 'mixed', '--chat'])\n"
+        " '--draft', 'mixed', '--chat', '--json-object'])\n"
         "except SystemExit as e:\n"
         "    assert not e.code, e.code\n" + REPORT
     )
