@@ -59,6 +59,9 @@ class Grammar:
 
     kind: str  # one of GRAMMAR_KINDS
     source: str = ""
+    # JSON kinds: False lets the model lay the JSON out as it would unconstrained (newlines and
+    # indentation, at most WHITESPACE per gap); True allows no whitespace at all
+    compact: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in GRAMMAR_KINDS:
@@ -67,7 +70,7 @@ class Grammar:
             )
 
     @classmethod
-    def json_schema(cls, schema: dict[str, Any] | str) -> Grammar:
+    def json_schema(cls, schema: dict[str, Any] | str, compact: bool = False) -> Grammar:
         text = schema if isinstance(schema, str) else json.dumps(schema)
         try:
             parsed = json.loads(text)
@@ -75,11 +78,11 @@ class Grammar:
             raise InputError(f"the JSON Schema is not valid JSON: {e}") from e
         if not isinstance(parsed, dict | bool):
             raise InputError("a JSON Schema must be a JSON object (or true/false)")
-        return cls("json_schema", text)
+        return cls("json_schema", text, compact)
 
     @classmethod
-    def json_object(cls) -> Grammar:
-        return cls("json_object")
+    def json_object(cls, compact: bool = False) -> Grammar:
+        return cls("json_object", compact=compact)
 
     @classmethod
     def from_file(cls, path: str | Path, kind: str | None = None) -> Grammar:
@@ -98,16 +101,21 @@ class Grammar:
             raise InputError(f"cannot read the grammar file {file}: {e}") from e
         return cls.json_schema(text) if kind == "json_schema" else cls(kind, text)
 
+    @property
+    def json_options(self) -> dict[str, Any]:
+        """llguidance's JSON options for this grammar (`x-guidance` in a schema overrides them)."""
+        return dict(JSON_COMPACT if self.compact else JSON_LAYOUT)
+
     def compile(self) -> str:
         """llguidance's grammar for this one; an InputError names what is wrong with it."""
         llg = _llguidance()
         matcher = llg.LLMatcher
         try:
             if self.kind == "json_schema":
-                grammar = matcher.grammar_from_json_schema(self.source, defaults=JSON_OPTIONS)
+                grammar = matcher.grammar_from_json_schema(self.source, defaults=self.json_options)
             elif self.kind == "json_object":
                 grammar = matcher.grammar_from_json_schema(
-                    {"type": "object"}, defaults=JSON_OPTIONS
+                    {"type": "object"}, defaults=self.json_options
                 )
             elif self.kind == "regex":
                 grammar = matcher.grammar_from_regex(self.source)
@@ -135,9 +143,12 @@ def _gbnf_to_lark(source: str) -> str:
         raise ValueError(str(e)) from e
 
 
-# JSON output as compact as a model writes it when it is free to: ", " and ": " separators
-# (llguidance's default), any whitespace refused so a model cannot pad forever.
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
+# Whitespace a JSON grammar allows between tokens: a model keeps the layout it writes when free
+# (forcing compact JSON on a model that indents measurably lowers both its answers' quality and
+# the draft's acceptance: docs/structured-output.md), bounded so that it cannot pad forever.
+WHITESPACE = r"[\n\t ]{0,64}"
+JSON_LAYOUT: dict[str, Any] = {"whitespace_flexible": False, "whitespace_pattern": WHITESPACE}
+JSON_COMPACT: dict[str, Any] = {"whitespace_flexible": False}
 
 
 class GrammarTokenizer:

@@ -88,7 +88,8 @@ class Tools:
         """The constraint of a forced call (None unless tool_choice forces one)."""
         if not self.forced:
             return None
-        schema = json.dumps(self.call_schema())
+        layout = Grammar("json_object").json_options
+        schema = json.dumps({**self.call_schema(), "x-guidance": layout})
         if not tagged:
             return Grammar.json_schema(schema)
         # the template's own markup around the call, the call itself as JSON

@@ -22,7 +22,17 @@ from specx.runtime import Grammar, Pipeline  # noqa: E402
 from specx.runtime.logprobs import log_distribution  # noqa: E402
 from specx.runtime.sampling import SamplingParams  # noqa: E402
 
-pytestmark = needs_exporter
+pytestmark = [needs_exporter, pytest.mark.usefixtures("short_whitespace")]
+
+
+@pytest.fixture
+def short_whitespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A random-weight model picks whitespace as readily as anything else: at most two
+    characters per gap, or its JSON would not end within the tiny models' 128 positions."""
+    from specx.runtime import constraint
+
+    monkeypatch.setitem(constraint.JSON_LAYOUT, "whitespace_pattern", r"[\n ]{0,2}")
+
 
 ITEM = {
     "type": "object",

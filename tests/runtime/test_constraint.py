@@ -25,6 +25,9 @@ from stats_tools import chi_square_p_value
 pytestmark = needs_exporter
 
 PROMPT = "def add(a, b):"
+# Random-weight models pick whitespace as readily as anything else, so their JSON here is compact
+# (Grammar(compact=True)) or its whitespace short: the default layout (up to 64 per gap) would
+# not end within the tiny models' 128 positions.
 PERSON = {
     "type": "object",
     "properties": {
@@ -73,7 +76,7 @@ def reference_constrained_greedy(pair: TinyPair, pipe: Pipeline, grammar: Gramma
 def test_greedy_constrained_speculation_equals_the_constrained_target_alone(
     llama_pair: TinyPair, pipe: Pipeline, drafter: str
 ) -> None:
-    grammar = Grammar.json_schema(PERSON)
+    grammar = Grammar.json_schema(PERSON, compact=True)
     expected = reference_constrained_greedy(llama_pair, pipe, grammar, 100)
     value = json.loads(pipe.codec.decode(expected))
     jsonschema.validate(value, PERSON)
@@ -180,7 +183,7 @@ def test_every_output_parses_and_validates_against_its_schema(pipe: Pipeline, sc
             "required": [],
             "additionalProperties": False,
         }
-    grammar = Grammar.json_schema(schema)
+    grammar = Grammar.json_schema(schema, compact=True)
     for seed in range(8):
         k = [0, 1, 3, "auto"][seed % 4]
         temperature = 0.0 if seed < 2 else 1.0
@@ -197,7 +200,16 @@ def test_every_output_parses_and_validates_against_its_schema(pipe: Pipeline, sc
         jsonschema.validate(json.loads(result.text), schema)
 
 
-def test_json_object_mode_and_a_lark_grammar_and_gbnf_all_constrain(pipe: Pipeline) -> None:
+@pytest.fixture
+def short_whitespace(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specx.runtime import constraint
+
+    monkeypatch.setitem(constraint.JSON_LAYOUT, "whitespace_pattern", r"[\n ]{0,2}")
+
+
+def test_json_object_mode_and_a_lark_grammar_and_gbnf_all_constrain(
+    pipe: Pipeline, short_whitespace: None
+) -> None:
     finished = 0
     for seed in range(6):  # a random model's strings run long: keep those that end in budget
         result = pipe.generate(
@@ -229,6 +241,19 @@ def test_an_invalid_grammar_is_refused_before_anything_runs(
 ) -> None:
     with pytest.raises(InputError, match=message):
         pipe.generate(PROMPT, max_new_tokens=5, grammar=grammar)
+
+
+def test_the_default_json_layout_allows_a_models_own_indentation_but_bounds_it(
+    pipe: Pipeline,
+) -> None:
+    encode = pipe.codec.encode
+    pretty = encode('{\n  "name": "a",\n  "age": 1,\n  "tags": []\n}', add_special_tokens=False)
+    padded = encode("{" + " " * 65 + '"name"', add_special_tokens=False)
+    layout = pipe.constraint(Grammar.json_schema(PERSON))
+    assert layout.admit(pretty) == len(pretty)
+    assert layout.admit(padded) < len(padded)  # 64 whitespace characters at most per gap
+    compact = pipe.constraint(Grammar.json_schema(PERSON, compact=True))
+    assert compact.admit(pretty) < len(pretty)
 
 
 def test_a_schema_that_is_not_json_is_refused() -> None:
