@@ -187,7 +187,10 @@ def run(
     if len(given) > 1:
         raise InputError(f"{' and '.join(given)} both constrain the output", "pass one of them")
     if logprobs is not None and not as_json:
-        raise InputError("--logprobs needs --json (they are printed in the JSON result)")
+        raise InputError(
+            "--logprobs needs --json: logprobs are printed in the JSON result",
+            "add --json",
+        )
     grammar = None
     if json_schema is not None:
         grammar = Grammar.from_file(json_schema, "json_schema")

@@ -75,9 +75,15 @@ class Grammar:
         try:
             parsed = json.loads(text)
         except json.JSONDecodeError as e:
-            raise InputError(f"the JSON Schema is not valid JSON: {e}") from e
+            raise InputError(
+                f"the JSON Schema is not valid JSON: {e}",
+                'pass a JSON Schema document (an object such as {"type": "object"})',
+            ) from e
         if not isinstance(parsed, dict | bool):
-            raise InputError("a JSON Schema must be a JSON object (or true/false)")
+            raise InputError(
+                "a JSON Schema must be a JSON object (or true/false)",
+                'pass a JSON Schema document (an object such as {"type": "object"})',
+            )
         return cls("json_schema", text, compact)
 
     @classmethod
@@ -166,6 +172,16 @@ class GrammarTokenizer:
         except ValueError as e:  # e.g. a word-level tokenizer: no bytes to match
             raise InputError(f"this artifact's tokenizer cannot take a grammar: {e}") from e
 
+    def lark_literal(self, text: str) -> str:
+        """`text` as a Lark terminal: `<[id]>` when it is one token llguidance treats as special
+        (an added token such as Qwen's <tool_call>), else a quoted string. llguidance forces a
+        quoted literal through the tokenizer, which yields the special token, and then refuses
+        that token as text: such markup must be written as the token."""
+        ids = self.native.tokenize_str(text)
+        if len(ids) == 1 and self.native.is_special_token(ids[0]):
+            return f"<[{ids[0]}]>"
+        return json.dumps(text)
+
     def constraint(self, grammar: Grammar | str) -> Constraint:
         compiled = grammar.compile() if isinstance(grammar, Grammar) else grammar
         return Constraint(self, compiled)
@@ -213,12 +229,14 @@ class Constraint:
         """[vocab] bool: what may follow the committed tokens and the pushed draft tokens."""
         return self._allowed_now(tuple(self._walked))
 
-    def draft_push(self, token: int) -> None:
+    def draft_push(self, token: int) -> bool:
+        """Walk past a drafted token; False (nothing walked) when the matcher refuses it."""
         if token in self.eos:
-            return  # the proposal ends with it; an end token is never walked past
+            return True  # the proposal ends with it; an end token is never walked past
         if not self.matcher.consume_token(token):
-            raise RuntimeError(f"the grammar refused draft token {token}")
+            return False  # a mask the matcher disagrees with (lark_literal): propose no further
         self._walked.append(token)
+        return True
 
     def draft_end(self) -> None:
         """The proposal is done: back to the committed state."""
@@ -266,4 +284,9 @@ class Constraint:
             if token in self.eos and self.matcher.is_accepting():
                 return  # the end: the generation stops here, the matcher takes no more
             if not self.matcher.consume_token(token):
-                raise RuntimeError(f"the grammar refused token {token}: {self.matcher.get_error()}")
+                # only when llguidance's mask and matcher disagree (lark_literal's case)
+                raise InputError(
+                    f"the grammar allowed token {token} and then refused it: "
+                    f"{self.matcher.get_error().splitlines()[0]}",
+                    f"write markup that is a special token of this tokenizer as <[{token}]>",
+                )

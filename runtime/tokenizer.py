@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -85,6 +86,7 @@ class TextCodec:
         )
         env.globals["raise_exception"] = raise_exception
         env.globals["strftime_now"] = strftime_now
+        env.filters["tojson"] = tojson  # as transformers defines it: no HTML escaping
         context: dict[str, Any] = {
             "messages": messages,
             "tools": tools or None,
@@ -145,3 +147,17 @@ class IncrementalDecoder:
         new_text = self.codec.decode(self.ids[self._prefix_offset :])
         self._prefix_offset = self._read_offset = len(self.ids)
         return new_text[len(prefix_text) :]
+
+
+def tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    """Chat templates' `tojson` filter, as transformers renders it (jinja2's own escapes HTML:
+    a tool description's '<' would reach the model as '\u003c')."""
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )

@@ -230,6 +230,15 @@ def main() -> int:
         case("run", "-k 4 with --draft none", *run, a, "-p", "hi", "--draft", "none", "-k", "4")
         case("run", "zero threads", *run, a, "-p", "hi", "--threads", "0")
         case("run", "unknown verification", *run, a, "-p", "hi", "--verification", "lucky")
+        lark = root / "broken.lark"
+        lark.write_text("start: missing_rule\n")
+        schema = root / "schema.json"
+        schema.write_text("{not json")
+        case("run", "grammar with an undefined rule", *run, a, "-p", "hi", "--grammar", str(lark))
+        case("run", "JSON Schema file not JSON", *run, a, "-p", "hi", "--json-schema", str(schema))
+        case("run", "grammar of unknown format", *run, a, "-p", "hi", "--grammar", str(bad))
+        case("run", "two constraints", *run, a, "-p", "hi", "--json-object", "--grammar", str(lark))
+        case("run", "--logprobs without --json", *run, a, "-p", "hi", "--logprobs", "2")
         case(
             "serve",
             "--batch without a batched graph",

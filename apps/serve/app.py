@@ -226,7 +226,8 @@ class Server:
                 prompt = self.pipeline.codec.encode_messages(messages, tools=specs)
                 if tools is not None and tools.forced:
                     tagged = OPEN_TAG in (self.pipeline.codec.chat_template or "")
-                    settings = GenerationSettings.of(settings, grammar=tools.grammar(tagged))
+                    tag = self.pipeline.grammar_tokenizer().lark_literal if tagged else None
+                    settings = GenerationSettings.of(settings, grammar=tools.grammar(tag))
             else:
                 assert request.prompt is not None
                 prompt = self.pipeline.encode_prompt(request.prompt)

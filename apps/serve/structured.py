@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,17 +85,20 @@ class Tools:
         ]
         return options[0] if len(options) == 1 else {"anyOf": options}
 
-    def grammar(self, tagged: bool) -> Grammar | None:
-        """The constraint of a forced call (None unless tool_choice forces one)."""
+    def grammar(self, tag: Callable[[str], str] | None) -> Grammar | None:
+        """The constraint of a forced call (None unless tool_choice forces one); `tag` writes
+        the template's <tool_call> markup as a Lark terminal (None: the template has none)."""
         if not self.forced:
             return None
         layout = Grammar("json_object").json_options
         schema = json.dumps({**self.call_schema(), "x-guidance": layout})
-        if not tagged:
+        if tag is None:
             return Grammar.json_schema(schema)
-        # the template's own markup around the call, the call itself as JSON
+        # the template's own markup around the call (special tokens where the tokenizer has
+        # them), the call itself as JSON
         return Grammar(
-            "lark", f'start: "{OPEN_TAG}\\n" call "\\n{CLOSE_TAG}"\ncall: %json {schema}\n'
+            "lark",
+            f'start: {tag(OPEN_TAG)} "\\n" call "\\n" {tag(CLOSE_TAG)}\ncall: %json {schema}\n',
         )
 
 
@@ -156,7 +160,14 @@ def _as_call(text: str, names: list[str]) -> dict[str, Any] | None:
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
-        return None
+        # some templates show the call's format with Jinja-escaped braces ({{"name": ...}}, as
+        # Qwen2.5-Coder's GGUF template does) and models copy them
+        if not (text.startswith("{{") and text.endswith("}}")):
+            return None
+        try:
+            value = json.loads(text[1:-1])
+        except json.JSONDecodeError:
+            return None
     if (
         isinstance(value, dict)
         and value.get("name") in names
@@ -178,8 +189,9 @@ def read_tool_calls(text: str, tools: Tools) -> tuple[str | None, list[dict[str,
         if call is not None:
             calls.append(call)
             rest = rest.replace(match.group(0), "", 1)
-    if not calls:
-        call = _as_call(text.strip(), tools.names)
+    if not calls:  # the whole text as one call, maybe in a Markdown fence as models write JSON
+        fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text.strip(), re.S)
+        call = _as_call((fenced.group(1) if fenced else text).strip(), tools.names)
         if call is not None:
             return None, [call]
     content = rest.strip()

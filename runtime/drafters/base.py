@@ -104,7 +104,10 @@ class DraftGrammar(Protocol):
         """[target vocab] bool: what may follow the committed and the pushed tokens."""
         ...
 
-    def draft_push(self, token: int) -> None: ...
+    def draft_push(self, token: int) -> bool:
+        """Walk past a drafted token; False when the grammar refuses it (the proposal ends
+        before it)."""
+        ...
 
     def draft_end(self) -> None:
         """The proposal is done: forget the pushed tokens."""

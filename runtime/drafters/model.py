@@ -103,14 +103,12 @@ class DraftChain:
         if i > 0 and top < self.min_confidence:
             return False  # the draft is unsure: verify what we have
         take, more = self.plan(i, top) if self.plan is not None else (True, True)
-        if not take:
+        if not take or (self.grammar is not None and not self.grammar.draft_push(token)):
             return False
         self.tokens.append(token)
         self.tops.append(top)
         if probs is not None:
             self.rows.append(probs)
-        if self.grammar is not None:
-            self.grammar.draft_push(token)
         return more and i < self.k - 1 and not (self.eos.size and token in self.eos)
 
     def proposal(self, catchup: int, model_passes: int) -> Proposal:

@@ -202,13 +202,25 @@ def test_tool_calls_are_read_back_from_tagged_or_plain_json_text() -> None:
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Oslo", "days": 1}
     content, calls = read_tool_calls('{"name": "get_weather", "arguments": {}}', tools)
     assert content is None and len(calls) == 1
+    # the braces as Qwen2.5-Coder's template shows the format (and the model copies them)
+    content, calls = read_tool_calls(
+        '{{"name": "get_weather", "arguments": {"city": "Rome"}}}', tools
+    )
+    assert content is None and json.loads(calls[0]["function"]["arguments"]) == {"city": "Rome"}
+    assert read_tool_calls("{{not json}}", tools) == ("{{not json}}", [])
+    content, calls = read_tool_calls(
+        '```json\n{"name": "get_weather", "arguments": {}}\n```', tools
+    )
+    assert content is None and calls[0]["function"]["name"] == "get_weather"
     assert read_tool_calls('{"name": "other", "arguments": {}}', tools) == (
         '{"name": "other", "arguments": {}}',
         [],
     )
     assert read_tool_calls("just text", Tools((WEATHER,), "none")) == ("just text", [])
-    tagged = Tools((WEATHER,), "required").grammar(tagged=True)
-    assert tagged is not None and tagged.kind == "lark" and "<tool_call>" in tagged.source
+    tagged = Tools((WEATHER,), "required").grammar(json.dumps)
+    assert tagged is not None and tagged.kind == "lark" and '"<tool_call>"' in tagged.source
+    plain = Tools((WEATHER,), "required").grammar(None)
+    assert plain is not None and plain.kind == "json_schema"
 
 
 def target_alone_logprobs(

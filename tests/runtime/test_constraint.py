@@ -344,3 +344,47 @@ def test_the_same_test_catches_draft_rows_left_unmasked(
     params = SamplingParams(temperature=1.5, verification="rejection")
     expected = exact_first_two(llama_pair, pipe, params)
     assert chi_square_p_value(sampled_first_two(pipe, params, 4), expected) < 1e-6
+
+
+def test_markup_that_is_an_added_token_is_written_as_that_token(pipe: Pipeline) -> None:
+    """Qwen's <tool_call> is an added token: llguidance forces a quoted "<tool_call>" through
+    the tokenizer (which yields the token) and then refuses the token as text. lark_literal
+    writes it as the token; the quoted form is the negative control: its draft stops and its
+    commit is a clear InputError, not a crash."""
+    from tokenizers import Tokenizer
+
+    from specx.runtime.constraint import GrammarTokenizer
+
+    text = (pipe.folder / pipe.manifest.tokenizer).read_text(encoding="utf-8")
+    tag_id = Tokenizer.from_str(text).get_vocab_size(with_added_tokens=True)
+    spec = json.loads(text)
+    spec["added_tokens"].append(
+        {
+            "id": tag_id,
+            "content": "<tool_call>",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": False,
+        }
+    )
+    eos = pipe.manifest.special_tokens.eos_token_ids
+    vocab = max(pipe.manifest.target.vocab_size, tag_id + 1)
+    tokenizer = GrammarTokenizer(json.dumps(spec), vocab, eos)
+    assert tokenizer.lark_literal("<tool_call>") == f"<[{tag_id}]>"
+    assert tokenizer.lark_literal('say "hi"') == '"say \\"hi\\""'
+
+    tagged = tokenizer.constraint(Grammar("lark", f'start: <[{tag_id}]> "ab"\n'))
+    assert np.flatnonzero(tagged.draft_allowed()).tolist() == [tag_id]
+    assert tagged.draft_push(tag_id)
+    tagged.draft_end()
+    tagged.commit(np.array([tag_id]))
+    assert not tagged.draft_allowed()[tag_id]
+
+    quoted = tokenizer.constraint(Grammar("lark", 'start: "<tool_call>" "ab"\n'))
+    assert quoted.draft_allowed()[tag_id]  # the mask offers the token ...
+    assert not quoted.draft_push(tag_id)  # ... the matcher refuses it
+    quoted.draft_end()
+    with pytest.raises(InputError, match=f"<\\[{tag_id}\\]>"):
+        quoted.commit(np.array([tag_id]))
