@@ -512,7 +512,7 @@ class Pipeline:
         `settings` is one GenerationSettings for all prompts or one per prompt; each sequence's
         output is what `generate` gives it alone. `on_tokens(i, ids)` is called with prompt i's
         tokens as each step commits them (streaming)."""
-        from specx.runtime.batching import run_batch
+        from specx.runtime.batch_run import run_batch
 
         if isinstance(settings, Sequence):
             if len(settings) != len(prompts):
