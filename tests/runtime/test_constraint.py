@@ -92,6 +92,33 @@ def test_greedy_constrained_speculation_equals_the_constrained_target_alone(
         assert stats.accepted > 0
 
 
+def test_under_a_grammar_a_seed_gives_the_same_text_for_every_k_and_drafter(pipe: Pipeline) -> None:
+    """Drafter-invariant verification emits the masked target's own sample at every position:
+    what was drafted (model drafts under the grammar, lookup drafts cut at a refused token)
+    changes the speed, never the text."""
+    grammar = Grammar.json_schema(PERSON, compact=True)
+    by_seed = []
+    for seed in (1, 2, 3):
+        texts = {
+            tuple(
+                pipe.generate(
+                    PROMPT,
+                    max_new_tokens=60,
+                    k=k,
+                    drafter=drafter,
+                    grammar=grammar,
+                    temperature=1.0,
+                    seed=seed,
+                ).token_ids
+            )
+            for k in (0, 1, 3, "auto")
+            for drafter in ("mixed", "other", "ngram")
+        }
+        assert len(texts) == 1, (seed, texts)
+        by_seed.append(texts.pop())
+    assert len(set(by_seed)) == 3  # and the seed matters
+
+
 def test_without_the_grammar_the_tiny_models_output_is_not_json(pipe: Pipeline) -> None:
     text = pipe.generate(PROMPT, max_new_tokens=60, k=4, drafter="mixed").text
     with pytest.raises(json.JSONDecodeError):
