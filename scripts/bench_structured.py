@@ -169,6 +169,11 @@ def main() -> None:
     parser.add_argument("--k", default="4,auto", help="speculative K values, comma-separated")
     parser.add_argument("--drafter", default=None, help="default: the artifact's")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--compact",
+        action="store_true",
+        help="JSON without whitespace (default: the model's layout)",
+    )
     parser.add_argument("-o", "--out", type=Path, default=None)
     args = parser.parse_args()
 
@@ -176,7 +181,7 @@ def main() -> None:
     drafter = args.drafter or pipe.default_drafter
     ks: list[int | str] = [k if k == "auto" else int(k) for k in args.k.split(",")]
     configs = [("target", 0)] + [(f"{drafter} K={k}", k) for k in ks]
-    grammars = [Grammar.json_schema(schema) for _, schema in TASKS]
+    grammars = [Grammar.json_schema(schema, compact=args.compact) for _, schema in TASKS]
     prompts = [pipe.encode_prompt(prompt_text(t, s), chat=True) for t, s in TASKS]
     clock = GrammarClock()
     for g in grammars:  # warm-up: the grammar tokenizer, each session's first passes
@@ -263,10 +268,13 @@ def main() -> None:
         "drafter": drafter,
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
+        "compact": args.compact,
         "prompts": len(TASKS),
         "rows": rows,
         "checks": checks,
         "free_valid_json": sum(1 for (n, c, i), t in texts.items() if not c and _parses(t)),
+        # what the target alone writes under each schema (the last repeat's)
+        "target_constrained_outputs": [texts[("target", True, i)] for i in range(len(TASKS))],
     }
     lines = [
         "| configuration | tok/s free | tok/s constrained | speedup free | speedup constrained "

@@ -157,17 +157,13 @@ def _call(name: str, arguments: Any) -> dict[str, Any]:
 
 
 def _as_call(text: str, names: list[str]) -> dict[str, Any] | None:
+    # some templates show the call's format with Jinja-escaped braces ({{"name": ...}}, as
+    # Qwen2.5-Coder's GGUF template does) and models copy them ('{{' is never valid JSON)
+    doubled = text.startswith("{{") and text.endswith("}}")
     try:
-        value = json.loads(text)
+        value = json.loads(text[1:-1] if doubled else text)
     except json.JSONDecodeError:
-        # some templates show the call's format with Jinja-escaped braces ({{"name": ...}}, as
-        # Qwen2.5-Coder's GGUF template does) and models copy them
-        if not (text.startswith("{{") and text.endswith("}}")):
-            return None
-        try:
-            value = json.loads(text[1:-1])
-        except json.JSONDecodeError:
-            return None
+        return None
     if (
         isinstance(value, dict)
         and value.get("name") in names

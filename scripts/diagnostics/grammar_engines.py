@@ -71,10 +71,17 @@ ANSWERS = [
 ]
 
 
-def walk(mask: Any, advance: Any, tokens: list[int]) -> tuple[float, float]:
-    """Median seconds of one mask and one advance along `tokens`."""
+BACK = 4  # tokens rolled back
+
+
+def walk(
+    mask: Any, advance: Any, tokens: list[int], bits: np.ndarray
+) -> tuple[float, float, np.ndarray]:
+    """Median seconds of one mask (written into `bits`) and one advance along `tokens`, and the
+    mask before the BACK-th last token (what a rollback of BACK tokens must give again)."""
     masks, advances = [], []
-    for t in tokens:
+    kept = bits
+    for i, t in enumerate(tokens):
         t0 = time.perf_counter()
         mask()
         t1 = time.perf_counter()
@@ -82,7 +89,15 @@ def walk(mask: Any, advance: Any, tokens: list[int]) -> tuple[float, float]:
         t2 = time.perf_counter()
         masks.append(t1 - t0)
         advances.append(t2 - t1)
-    return statistics.median(masks), statistics.median(advances)
+        if i == len(tokens) - BACK:
+            kept = bits.copy()
+    return statistics.median(masks), statistics.median(advances), kept
+
+
+def rolled_back(mask: Any, kept: np.ndarray, bits: np.ndarray) -> bool:
+    """After the engine's rollback of BACK tokens: the mask is the one computed there before."""
+    mask()
+    return bool(kept.any()) and np.array_equal(bits, kept)
 
 
 def llguidance_run(pipe: Pipeline, schema: dict[str, Any], tokens: list[int]) -> dict[str, Any]:
@@ -92,12 +107,12 @@ def llguidance_run(pipe: Pipeline, schema: dict[str, Any], tokens: list[int]) ->
     compile_s = time.perf_counter() - t0
     matcher = constraint.matcher
     bits = np.zeros((tokenizer.vocab_size + 31) // 32, dtype=np.int32)
-    mask_s, advance_s = walk(
-        lambda: matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes),
-        matcher.consume_token,
-        tokens,
-    )
-    rolled = matcher.rollback(4) and not matcher.is_error()
+
+    def mask() -> None:
+        matcher.unsafe_compute_mask_ptr(bits.ctypes.data, bits.nbytes)
+
+    mask_s, advance_s, kept = walk(mask, matcher.consume_token, tokens, bits)
+    rolled = matcher.rollback(BACK) and rolled_back(mask, kept, bits)
     return {"compile_s": compile_s, "mask_s": mask_s, "advance_s": advance_s, "rollback": rolled}
 
 
@@ -118,11 +133,14 @@ def outlines_run(pipe: Pipeline, schema: dict[str, Any], tokens: list[int], out:
     guide = outlines_core.Guide(index)
     compile_s = time.perf_counter() - t0
     bits = np.zeros((pipe.manifest.target.vocab_size + 31) // 32, dtype=np.int32)
-    mask_s, advance_s = walk(
-        lambda: guide.write_mask_into(bits.ctypes.data, bits.size, 4), guide.advance, tokens
-    )
-    guide.rollback_state(4)
-    out.put({"compile_s": compile_s, "mask_s": mask_s, "advance_s": advance_s, "rollback": True})
+
+    def mask() -> None:
+        guide.write_mask_into(bits.ctypes.data, bits.size, 4)
+
+    mask_s, advance_s, kept = walk(mask, guide.advance, tokens, bits)
+    guide.rollback_state(BACK)
+    rolled = rolled_back(mask, kept, bits)
+    out.put({"compile_s": compile_s, "mask_s": mask_s, "advance_s": advance_s, "rollback": rolled})
 
 
 def main() -> None:
