@@ -29,6 +29,14 @@ def _export_draft_help() -> str:
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
 @click.option("--max-length", type=int, default=2048, show_default=True, help="Cache capacity.")
 @click.option("--check-k", type=int, default=4, show_default=True, help="K of the parity check.")
+@click.option(
+    "--check-part-size",
+    type=click.IntRange(min=64),
+    default=1024,
+    show_default=True,
+    help="MB: a graph with more weights is checked against its source in layer-range parts of "
+    "at most this much, one in memory at a time (the same results as a whole-graph check).",
+)
 @click.option("--force", is_flag=True, help="Replace an existing output folder (atomically).")
 @click.option("--opset", type=int, default=17, show_default=True)
 @click.option(
@@ -77,6 +85,7 @@ def export_cmd(
     output: Path,
     max_length: int,
     check_k: int,
+    check_part_size: int,
     force: bool,
     opset: int,
     profile: str | None,
@@ -101,6 +110,7 @@ def export_cmd(
     options = ExportOptions(
         max_length=max_length,
         check_k=check_k,
+        check_part_bytes=check_part_size << 20,
         opset=opset,
         force=force,
         profile=profile,

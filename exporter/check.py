@@ -4,7 +4,8 @@ The graph runs in ONNX Runtime on the CPU exactly as ``specx run`` drives it (I/
 preallocated cache): a prefill of P tokens, a one-token decode step, then a verify step of
 K + 1 tokens on top of that cache. The source model scores the same tokens in one plain forward
 pass. The largest |logit difference| of each stage goes into the manifest; above the tolerance
-the export fails.
+the export fails. A graph larger than the part size runs the same passes in layer-range parts
+(check_parts.py), one part in memory at a time, with the same results to the bit.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import numpy as np
 from specx.runtime.backends import OrtSession
 from specx.runtime.contract import ModelSpec
 from specx.runtime.errors import ExportError
+from specx.runtime.kv_cache import KVCache
 
+from .check_parts import Output, Pass, graph_weight_bytes, run_in_parts
 from .load import Log, SourceModel
 from .nbits import QUANTIZED
 from .sources import release_heap
@@ -30,6 +33,9 @@ FP32_RELATIVE_TOLERANCE = 1e-4
 # over the layers; measured 2e-3 of the largest logit on tiny models.
 FP16_RELATIVE_TOLERANCE = 1e-2
 PREFILL_TOKENS = 12
+# A graph with more weights than this is checked in layer-range parts of at most this much,
+# one in ONNX Runtime at a time (check_parts.py; `specx export --check-part-size`).
+CHECK_PART_BYTES = 1 << 30
 
 
 def relative_tolerance(spec: ModelSpec) -> float:
@@ -89,6 +95,48 @@ def parity_tokens(src: SourceModel, spec: ModelSpec, check_k: int) -> np.ndarray
     return np.random.default_rng(0).integers(0, token_range, size=total).astype(np.int64)
 
 
+def parity_passes(ids: np.ndarray, k: int) -> list[Pass]:
+    """A prefill, a one-token decode step and a verify step of K + 1 over parity_tokens."""
+    prefill = len(ids) - k - 2
+    return [
+        Pass(0, 0, ids[:prefill]),
+        Pass(0, prefill, ids[prefill : prefill + 1]),
+        Pass(0, prefill + 1, ids[prefill + 1 :]),
+    ]
+
+
+def text_passes(tokens: np.ndarray, k: int) -> list[Pass]:
+    """A text read one token a pass (stream 1), then K + 1 tokens a pass (stream 2)."""
+    return [
+        Pass(1 + w, i, tokens[i : i + width])
+        for w, width in enumerate((1, k + 1))
+        for i in range(0, len(tokens), width)
+    ]
+
+
+def run_passes(
+    folder: Path, spec: ModelSpec, passes: list[Pass], part_bytes: int
+) -> tuple[list[Output], int]:
+    """The graph's outputs for `passes`, each stream in a cache of its own: through the
+    runtime's own session when the graph's weights fit in `part_bytes`, else in layer-range
+    parts, one in memory at a time (check_parts.py: the same bits). Returns the outputs and the
+    number of parts."""
+    graph = folder / spec.graph
+    if graph_weight_bytes(graph) > part_bytes:
+        return run_in_parts(graph, spec, passes, part_bytes)
+    session = OrtSession(graph, spec, ["cpu"], max_chunk=max(len(p.tokens) for p in passes))
+    caches: dict[int, KVCache] = {}
+    outputs = []
+    for step in passes:
+        if step.stream not in caches:
+            ends = [p.start + len(p.tokens) for p in passes if p.stream == step.stream]
+            caches[step.stream] = session.new_cache(max(ends))
+        logits = session.forward(step.tokens, caches[step.stream]).copy()  # [seq, vocab]
+        features = session.last_features
+        outputs.append(Output(logits, None if features is None else features.copy()))
+    return outputs, 1
+
+
 def check_graph(
     src: SourceModel,
     folder: Path,
@@ -96,61 +144,57 @@ def check_graph(
     check_k: int,
     log: Log,
     calibration: np.ndarray | None = None,
+    part_bytes: int = CHECK_PART_BYTES,
 ) -> dict[str, Any]:
     """check_parity, and for a quantized graph quantized_quality along `calibration`, from one
-    reference pass of the source model and one session of the graph."""
+    reference pass of the source model and one run of the graph over all their passes."""
     k = max(1, check_k)
     sequences = [parity_tokens(src, spec, k)]
     if calibration is not None:
         sequences.append(calibration[: spec.max_length])
     refs = references(src, sequences, spec.feature_layers)
-    chunk = max(len(refs[0].tokens) - k - 2, k + 1)
-    session = OrtSession(folder / spec.graph, spec, ["cpu"], max_chunk=chunk)
-    result = check_parity(src, folder, spec, k, log, refs[0], session)
+    passes = parity_passes(sequences[0], k)
     if calibration is not None:
-        result["calibration"] = quantized_quality(src, folder, spec, refs[1], k, log, session)
+        passes += text_passes(sequences[1], k)
+    outputs, parts = run_passes(folder, spec, passes, part_bytes)
+    if parts > 1:
+        log(f"  {spec.role}: checked in {parts} parts of at most {part_bytes / 2**30:.1f} GiB")
+    result = parity_figures(spec, k, log, refs[0], outputs[:3])
+    result["check_parts"] = parts
+    if calibration is not None:
+        result["calibration"] = quality_figures(spec, refs[1], k, log, outputs[3:])
     return result
 
 
 def check_parity(
-    src: SourceModel,
-    folder: Path,
-    spec: ModelSpec,
-    check_k: int,
-    log: Log,
-    ref: Reference | None = None,
-    session: OrtSession | None = None,
+    src: SourceModel, folder: Path, spec: ModelSpec, check_k: int, log: Log
 ) -> dict[str, Any]:
     """The graph's prefill, decode and verify (K + 1) passes against the source model's
-    scores of the same random tokens (`ref`: already computed for parity_tokens)."""
-    k = max(1, check_k)
+    scores of the same random tokens."""
+    return check_graph(src, folder, spec, check_k, log)
+
+
+def parity_figures(
+    spec: ModelSpec, k: int, log: Log, ref: Reference, outputs: list[Output]
+) -> dict[str, Any]:
+    """The prefill, decode and verify passes' logits (and features) against the reference."""
     taps = spec.feature_layers
-    ref = ref or references(src, [parity_tokens(src, spec, k)], taps)[0]
     ids, reference, ref_features = ref.tokens, ref.logits, ref.features
     total = len(ids)
-    prefill = total - k - 2
-    session = session or OrtSession(
-        folder / spec.graph, spec, ["cpu"], max_chunk=max(prefill, k + 1)
-    )
-    cache = session.new_cache(total)
-    stages = {
-        "prefill": (0, prefill),
-        "decode": (prefill, prefill + 1),
-        "verify": (prefill + 1, total),
-    }
+    bounds = parity_passes(ids, k)
     result: dict[str, Any] = {"tokens": total, "k": k}
     worst = 0.0
     agree = 0
     feature_diff = 0.0
-    for stage, (start, end) in stages.items():
-        got = session.forward(ids[start:end], cache).copy()  # [end - start, vocab]
-        want = reference[start:end]
+    for stage, step, out in zip(("prefill", "decode", "verify"), bounds, outputs, strict=True):
+        start, end = step.start, step.start + len(step.tokens)
+        got, want = out.logits, reference[start:end]  # [end - start, vocab]
         diff = float(np.max(np.abs(got - want)))
         result[f"{stage}_max_abs_diff"] = diff
         worst = max(worst, diff)
         agree += int(np.sum(np.argmax(got, -1) == np.argmax(want, -1)))
-        if ref_features is not None and session.last_features is not None:
-            gap = np.abs(session.last_features - ref_features[start:end]) / (
+        if ref_features is not None and out.features is not None:
+            gap = np.abs(out.features - ref_features[start:end]) / (
                 1.0 + np.abs(ref_features[start:end])
             )
             feature_diff = max(feature_diff, float(np.max(gap)))
@@ -241,30 +285,17 @@ def check_batch_parity(src: SourceModel, folder: Path, spec: ModelSpec, log: Log
 MIN_QUANTIZED_AGREEMENT = 0.5
 
 
-def quantized_quality(
-    src: SourceModel,
-    folder: Path,
-    spec: ModelSpec,
-    ref: Reference,
-    k: int,
-    log: Log,
-    session: OrtSession | None = None,
+def quality_figures(
+    spec: ModelSpec, ref: Reference, k: int, log: Log, outputs: list[Output]
 ) -> dict[str, Any]:
-    """An int4/int8 graph along a natural text (teacher-forced), against its float32 source:
-    argmax agreement and max |dlogit|; and against itself, one token a pass (decode) versus
-    K + 1 tokens a pass (verify): how often the two pick different tokens, and the top-2 gap
-    of the one-token logits where they do (near-ties, or a real disagreement of the passes)."""
+    """An int4/int8 graph along a natural text (teacher-forced, text_passes), against its
+    float32 source: argmax agreement and max |dlogit|; and against itself, one token a pass
+    (decode) versus K + 1 tokens a pass (verify): how often the two pick different tokens, and
+    the top-2 gap of the one-token logits where they do (near-ties, or a real disagreement)."""
     tokens, reference = ref.tokens, ref.logits
     n = len(tokens)
-    session = session or OrtSession(folder / spec.graph, spec, ["cpu"], max_chunk=k + 1)
-    passes = {}
-    for width in (1, k + 1):
-        cache = session.new_cache(n)
-        logits = np.empty((n, spec.vocab_size), np.float32)  # [n, vocab]
-        for i in range(0, n, width):
-            logits[i : i + width] = session.forward(tokens[i : i + width], cache)
-        passes[width] = logits
-    one, many = passes[1], passes[k + 1]
+    one = np.concatenate([o.logits for o in outputs[:n]])  # [n, vocab]
+    many = np.concatenate([o.logits for o in outputs[n:]])  # [n, vocab]
     vocab = min(reference.shape[1], one.shape[1])
     agree = float(np.mean(np.argmax(one[:, :vocab], -1) == np.argmax(reference[:, :vocab], -1)))
     parted = np.flatnonzero(np.argmax(one, -1) != np.argmax(many, -1))

@@ -23,7 +23,7 @@ from specx.runtime.contract import Manifest, ModelSpec
 from specx.runtime.drafters import registry
 from specx.runtime.errors import ExportError
 
-from .check import check_batch_parity, check_graph
+from .check import CHECK_PART_BYTES, check_batch_parity, check_graph
 from .drafts import DraftEntry, default_drafter, resolve_drafts
 from .engines import build_engines
 from .feature_head import HeadCheckpoint, build_head, read_head
@@ -47,6 +47,9 @@ BATCHED_GRAPH = "target.batched.onnx"
 class ExportOptions:
     max_length: int = 2048  # cache capacity (positions) of the exported pair
     check_k: int = 4  # the verify width checked for parity is K + 1
+    # A graph with more weights is checked in layer-range parts of at most this many bytes,
+    # one part in ONNX Runtime at a time (check_parts.py): the export's memory peak on big models
+    check_part_bytes: int = CHECK_PART_BYTES
     opset: int = 17
     force: bool = False  # replace an existing output folder
     profile: str | None = None  # a built-in profile name or a .toml path: limits, precision
@@ -97,6 +100,11 @@ def _validate(output: Path, options: ExportOptions) -> None:
         raise ExportError(f"--max-length must be at least 8, got {options.max_length}")
     if not 1 <= options.check_k <= 16:
         raise ExportError(f"--check-k must be in 1..16, got {options.check_k}")
+    if options.check_part_bytes < 1:
+        raise ExportError(
+            f"the check's part size must be positive, got {options.check_part_bytes} bytes",
+            "pass --check-part-size in MB (at least 64)",
+        )
     if not MIN_OPSET <= options.opset <= MAX_OPSET:
         raise ExportError(
             f"--opset must be in {MIN_OPSET}..{MAX_OPSET} (what the TorchScript exporter "
@@ -207,7 +215,12 @@ def _preflight(
     precision = options.precision or (profile.precision if profile else "fp32")
     try:
         est = estimate(
-            target, entries, precision, options.draft_precision or precision, options.batched
+            target,
+            entries,
+            precision,
+            options.draft_precision or precision,
+            options.batched,
+            options.check_part_bytes,
         )
     except ExportError:
         return
@@ -270,7 +283,9 @@ def _export_into(
         calibration = None
         if precision in QUANTIZED and attention != "batched" and calibrate:  # along a text
             calibration = np.asarray(src.tokenizer(CALIBRATION_TEXT)["input_ids"], dtype=np.int64)
-        parity = spec.parity | check_graph(src, folder, spec, options.check_k, log, calibration)
+        parity = spec.parity | check_graph(
+            src, folder, spec, options.check_k, log, calibration, options.check_part_bytes
+        )
         timings[f"{graph}_parity_s"] = time.perf_counter() - t0
         return dataclasses.replace(spec, parity=parity)
 

@@ -2,8 +2,9 @@
 a clean refusal (exit 2, with the numbers and the fix) when the disk or the memory cannot hold it.
 
 The weights stream through the exporter one tensor at a time (graph_weights.py), so memory is
-set by the largest graph (the parity check runs it in ONNX Runtime), the largest single tensor
-(read in float32, with its quantization's temporaries), and the libraries themselves.
+set by the largest graph part the parity check holds in ONNX Runtime (the whole graph, or a
+layer range of at most --check-part-size: check_parts.py), the largest single tensor (read in
+float32, with its quantization's temporaries), and the libraries themselves.
 """
 
 from __future__ import annotations
@@ -51,8 +52,12 @@ class Estimate:
         )
 
 
-def _graph(config: Any, precision: str, name: str) -> tuple[float, float, float]:
-    """(graph bytes, largest float32 tensor's bytes, parameters) of one model at `precision`."""
+def _graph(
+    config: Any, precision: str, name: str, part_bytes: float = float("inf")
+) -> tuple[float, float, float]:
+    """(bytes the parity check holds of the graph, largest float32 tensor's bytes, parameters)
+    of one model at `precision`: the whole graph, or its largest layer-range part when the
+    graph is checked in parts of `part_bytes`."""
     shape = shape_from_config(config, name)
     tables = shape.embedding_parameters
     tied = getattr(config, "tie_word_embeddings", False) or config.model_type == "gpt2"
@@ -62,17 +67,28 @@ def _graph(config: Any, precision: str, name: str) -> tuple[float, float, float]
     hidden = getattr(config, "hidden_size", None) or config.n_embd
     inner = getattr(config, "intermediate_size", None) or 4 * hidden
     largest = 4.0 * max(tables, hidden * inner)
+    if size > part_bytes:  # a part: up to part_bytes, or one level (a layer with the head)
+        level = body * BYTES_PER_PARAM[precision] / shape.num_layers
+        level += (heads - tables if heads > tables else tables) * TABLE_BYTES[precision]
+        size = max(part_bytes, level)
     return size, largest, float(shape.num_parameters)
 
 
 def estimate(
-    target: str, drafts: list[DraftEntry], precision: str, draft_precision: str, batched: bool
+    target: str,
+    drafts: list[DraftEntry],
+    precision: str,
+    draft_precision: str,
+    batched: bool,
+    part_bytes: float = float("inf"),
 ) -> Estimate:
     config = read_config(target)
     check_architecture(config, target)
     size, largest, params = _graph(config, precision, "target")
     disk = size * (2 if batched else 1)
-    session = SESSION_FACTOR[precision] * size
+    checked, _, _ = _graph(config, precision, "target", part_bytes)
+    # the batched graph's own check (two rows at once) holds the whole of it
+    session = SESSION_FACTOR[precision] * (size if batched else checked)
     seconds = params * (2 if batched else 1) / PARAMS_PER_S
     for d in drafts:
         recipe = d.kind.export
@@ -80,7 +96,8 @@ def estimate(
             own, _, _ = _graph(config, d.kind.name, d.name)
             disk += own
             if d.kind.name == "int4":  # the target streamed again at int4
-                session = max(session, SESSION_FACTOR["int4"] * own)
+                own_checked, _, _ = _graph(config, "int4", d.name, part_bytes)
+                session = max(session, SESSION_FACTOR["int4"] * own_checked)
             else:  # int8: ONNX Runtime's quantizer holds the target's float32 graph
                 fp32, _, _ = _graph(config, "fp32", d.name)
                 session = max(session, 2 * fp32)
@@ -90,7 +107,8 @@ def estimate(
             check_architecture(dconfig, d.source)
             dsize, dlargest, dparams = _graph(dconfig, draft_precision, d.name)
             disk += dsize
-            session = max(session, SESSION_FACTOR[draft_precision] * dsize)
+            dchecked, _, _ = _graph(dconfig, draft_precision, d.name, part_bytes)
+            session = max(session, SESSION_FACTOR[draft_precision] * dchecked)
             largest = max(largest, dlargest)
             seconds += dparams / PARAMS_PER_S
     # the weights are streamed, then checked: the session and the largest tensor never meet

@@ -78,6 +78,15 @@ def _configure_threads(options: ort.SessionOptions, threads: int | None, alterna
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
 
 
+def session_options(threads: int | None, alternating: bool) -> ort.SessionOptions:
+    """The options every specx session runs with (the export's parity check uses them too)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    _configure_threads(options, threads, alternating)
+    return options
+
+
 class OrtValueBuffer:
     def __init__(self, value: Any) -> None:
         self.value = value
@@ -138,10 +147,7 @@ class OrtSession(GraphSession):
                 f"{ort.__version__}",
                 f"pip install 'onnxruntime>={needed[0]}.{needed[1]}'",
             )
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
-        _configure_threads(options, threads, alternating)
+        options = session_options(threads, alternating)
         try:
             self.session = ort.InferenceSession(
                 str(graph_path),

@@ -5,7 +5,7 @@
   model computes the loaded model's logits.
 - A stand-in of a 7B config traces without taking memory.
 - Peak memory in a subprocess, for 4, 8 and 16 layers (and a wide model), at fp32 and int4:
-  it grows with the graph the parity check runs, not with the float32 model.
+  it grows with the part of the graph the parity check holds, not with the layer count.
 - An export that cannot fit on the disk is refused with exit 2 before anything is written.
 """
 
@@ -126,19 +126,22 @@ EXPORT = """
 import json, resource, sys
 from specx.exporter import ExportOptions, export_pair
 import onnxruntime, torch, transformers  # the libraries, loaded before the baseline
-source, out, precision = sys.argv[1:4]
+source, out, precision, part_bytes = sys.argv[1:5]
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-export_pair(source, [], out, ExportOptions(max_length=64, precision=precision), lambda _m: None)
+options = ExportOptions(max_length=64, precision=precision, check_part_bytes=int(part_bytes))
+export_pair(source, [], out, options, lambda _m: None)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"base": base * 1024, "peak": peak * 1024}))
 """
 
 
-def _export_rss(source: Path, out: Path, precision: str) -> tuple[float, float]:
+def _export_rss(
+    source: Path, out: Path, precision: str, part_bytes: int = 1 << 40
+) -> tuple[float, float]:
     """(peak resident bytes above the loaded libraries, the graph's weight bytes)."""
     env = {"SPECX_EXPORT_NO_PREFLIGHT": "1", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(
-        [sys.executable, "-c", EXPORT, str(source), str(out), precision],
+        [sys.executable, "-c", EXPORT, str(source), str(out), precision, str(part_bytes)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -150,19 +153,24 @@ def _export_rss(source: Path, out: Path, precision: str) -> tuple[float, float]:
     return rss["peak"] - rss["base"], float(graph)
 
 
+PART = 64 << 20  # bytes: the check's part size in the test below (a layer is 51 MB at fp32)
+
+
 @pytest.mark.slow
-def test_peak_memory_grows_with_the_graph_checked_not_with_the_float32_model(
+def test_peak_memory_grows_with_the_part_checked_not_with_the_layer_count(
     tmp_path: Path,
 ) -> None:
     """Random Qwen2 models of 4, 8 and 16 layers (51 MB of float32 weights a layer) and a wide
-    one of 4 (hidden 2048), exported at fp32 and int4 in a fresh process each. The old export
-    (the model loaded whole, traced, its weights held again while written) peaked at more than
-    twice the float32 model; a streamed one holds the graph that the parity check runs in
-    ONNX Runtime, plus a layer's worth of tensors. Layers that only nudge the embedding and a
-    tied head keep each position's own token far ahead in the logits, so the int4 graph's argmax
-    agrees with the float32 source's."""
+    one of 4 (hidden 2048), exported at fp32 and int4 in a fresh process each, the check in
+    parts of 64 MB. The old export (the model loaded whole, traced, its weights held again while
+    written) peaked at more than twice the float32 model; a streamed one holds one part of the
+    graph in ONNX Runtime for the check, plus a layer's worth of tensors: the same for 4 and
+    16 layers. Negative control: the 16-layer fp32 graph checked whole holds all of it.
+    Layers that only nudge the embedding and a tied head keep each position's own token far
+    ahead in the logits, so the int4 graph's argmax agrees with the float32 source's."""
     tok = build_tokenizer(320)
     shapes = {"4": (4, 1024), "8": (8, 1024), "16": (16, 1024), "wide": (4, 2048)}
+    grown: dict[tuple[str, str], float] = {}
     for name, (layers, hidden) in shapes.items():
         model = build_model("qwen2", 320, seed=1, layers=layers, hidden=hidden, init_range=0.02)
         for layer in model.model.layers:  # layers that nudge the residual stream
@@ -173,13 +181,22 @@ def test_peak_memory_grows_with_the_graph_checked_not_with_the_float32_model(
         del model
         layer_bytes = fp32_bytes / layers
         for precision in ("fp32", "int4"):
-            grew, graph = _export_rss(folder, tmp_path / f"{name}-{precision}", precision)
-            # the checked graph in ONNX Runtime (mapped and copied), one layer's float32
-            # tensors with their conversion's temporaries, and a margin for the allocator
-            bound = 2.0 * graph + 4 * layer_bytes / 4 + 150e6
+            out = tmp_path / f"{name}-{precision}"
+            grew, graph = _export_rss(folder, out, precision, PART)
+            grown[(name, precision)] = grew
+            # a part in ONNX Runtime (mapped and copied), one layer's float32 tensors with
+            # their conversion's temporaries, and a margin for the allocator
+            part = min(graph, PART + layer_bytes)
+            bound = 2.0 * part + layer_bytes + 150e6
             assert grew < bound, f"{name} {precision}: {grew / 1e6:.0f} MB > {bound / 1e6:.0f}"
             if precision == "int4" and layers == 16:
-                assert grew < fp32_bytes, f"{grew / 1e6:.0f} MB: the float32 model's size"
+                assert grew < fp32_bytes / 2, f"{grew / 1e6:.0f} MB: the float32 model's half"
+    layer_bytes = 51e6
+    for precision in ("fp32", "int4"):
+        more = grown[("16", precision)] - grown[("4", precision)]
+        assert more < layer_bytes + 50e6, f"{precision}: 16 layers took {more / 1e6:.0f} MB more"
+    whole, graph = _export_rss(tmp_path / "src-16", tmp_path / "16-whole", "fp32")
+    assert whole > grown[("16", "fp32")] + graph / 2, "checked whole, the graph is held"
 
 
 def test_an_export_the_disk_cannot_hold_is_refused_with_exit_2(
