@@ -327,7 +327,9 @@ def _export_into(
                 spec = export_one(tsrc, "draft", f"{name}.onnx", precision="int4", calibrate=False)
                 spec = dataclasses.replace(spec, name=name)
                 took = time.perf_counter() - t0
-                spec = judge_quantized_draft(folder, target_spec, spec, tokens, log, took)
+                spec = judge_quantized_draft(
+                    folder, target_spec, spec, tokens, log, took, options.check_part_bytes
+                )
             else:  # int8: ONNX Runtime's dynamic quantization of the target's float graph
                 spec = derive_quantized_draft(
                     folder, target_spec, entry.kind.name, tokens, name, log

@@ -31,11 +31,12 @@ from typing import Any
 import numpy as np
 
 from specx.runtime import contract
-from specx.runtime.backends import OrtSession
 from specx.runtime.contract import ModelSpec
 from specx.runtime.drafters import registry
 from specx.runtime.errors import ExportError
 
+from .check import CHECK_PART_BYTES, run_passes
+from .check_parts import Pass
 from .load import Log
 from .onnx_export import graph_operators, weight_stats
 
@@ -116,15 +117,14 @@ def _quantize_int8(model: Any, folder: Path) -> Any:
 
 
 def argmax_agreement(
-    folder: Path, target: ModelSpec, draft: ModelSpec, tokens: np.ndarray
+    folder: Path, target: ModelSpec, draft: ModelSpec, tokens: np.ndarray, part_bytes: int
 ) -> dict[str, float]:
-    """Teacher-forced: how often the draft's next-token argmax equals the target's."""
+    """Teacher-forced: how often the draft's next-token argmax equals the target's. One graph
+    in memory at a time, a large one in parts (check.run_passes)."""
     rows = {}
     for spec in (target, draft):
-        session = OrtSession(folder / spec.graph, spec, ["cpu"], max_chunk=len(tokens))
-        cache = session.new_cache(len(tokens))
-        rows[spec.name] = session.forward(tokens, cache).copy()  # [len, vocab]
-        del session, cache  # one graph in memory at a time
+        outputs, _ = run_passes(folder, spec, [Pass(0, 0, tokens)], part_bytes)
+        rows[spec.name] = outputs[0].logits  # [len, vocab]
     t, d = rows[target.name], rows[draft.name]
     vocab = min(t.shape[1], d.shape[1])
     agree = float(np.mean(np.argmax(t[:, :vocab], -1) == np.argmax(d[:, :vocab], -1)))
@@ -166,12 +166,18 @@ def derive_quantized_draft(
 
 
 def judge_quantized_draft(
-    folder: Path, target: ModelSpec, spec: ModelSpec, tokens: np.ndarray, log: Log, took: float
+    folder: Path,
+    target: ModelSpec,
+    spec: ModelSpec,
+    tokens: np.ndarray,
+    log: Log,
+    took: float,
+    part_bytes: int = CHECK_PART_BYTES,
 ) -> ModelSpec:
     """A quantized copy of the target as a draft: how often its argmax agrees with the target's
     graph along a natural text (a proxy for greedy acceptance), recorded and bounded below."""
     calibration = tokens[: min(256, target.max_length)]
-    quality: dict[str, Any] = dict(argmax_agreement(folder, target, spec, calibration))
+    quality: dict[str, Any] = dict(argmax_agreement(folder, target, spec, calibration, part_bytes))
     quality.update(kind="quantized", tokens=len(calibration), source=spec.parity or None)
     kind, name = spec.variant, spec.name
     log(
