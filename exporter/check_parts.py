@@ -22,7 +22,6 @@ their inputs are the whole graph's, so the logits are the same bits
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +70,7 @@ def levels(graph: onnx.GraphProto, num_layers: int) -> list[int | None]:
         ):
             raise ExportError(
                 f"node {node.name or node.op_type} holds a subgraph: the graph cannot be split",
-                "export with a larger --check-part-size",
+                "export with a --check-part-size above the graph's size",
             )
         found = [lv for n in node.input if (lv := source.get(n)) is not None]
         level = max(found) if found else None
@@ -98,7 +97,6 @@ class Part:
     nodes: list[int]  # indices into the graph's nodes, in order
     inputs: list[str]  # graph inputs and frontier tensors of earlier parts
     outputs: list[str]  # graph outputs and frontier tensors for later parts
-    weight_bytes: int
 
 
 def plan_parts(graph: onnx.GraphProto, num_layers: int, part_bytes: int) -> list[Part]:
@@ -145,7 +143,11 @@ def plan_parts(graph: onnx.GraphProto, num_layers: int, part_bytes: int) -> list
             for name in graph.node[i].input:
                 if name and name not in made and name not in sizes and name not in inputs:
                     if name not in graph_inputs and owner[producer[name]] is None:
-                        raise ExportError(f"cannot place {name} in a part", "please report it")
+                        raise ExportError(
+                            f"{name} is computed by no part of the graph",
+                            "export with a --check-part-size above the graph's size; please "
+                            "report it",
+                        )
                     inputs.append(name)
         outputs = [
             out
@@ -153,10 +155,14 @@ def plan_parts(graph: onnx.GraphProto, num_layers: int, part_bytes: int) -> list
             for out in graph.node[i].output
             if out in graph_outputs or any(r > p for r in readers.get(out, ()))
         ]
-        weights = sum(
-            sizes[n] for n in {n for i in nodes for n in graph.node[i].input} if n in sizes
+        parts.append(Part(nodes, inputs, outputs))
+    missing = sorted(graph_outputs - {o for part in parts for o in part.outputs})
+    if missing:
+        raise ExportError(
+            f"the graph's outputs {missing[:3]} depend on no layer's cache: it cannot be checked "
+            "in parts",
+            "export with a --check-part-size above the graph's size",
         )
-        parts.append(Part(nodes, inputs, outputs, weights))
     return parts
 
 
@@ -272,8 +278,12 @@ def run_in_parts(
     caches = _Caches(spec, capacity)
     frontier: list[dict[str, np.ndarray]] = [{} for _ in passes]
     finals: list[dict[str, np.ndarray]] = [{} for _ in passes]
+    seqs = [len(step.tokens) for step in passes]
     for index, part in enumerate(parts):
-        seqs = [len(step.tokens) for step in passes]
+        wanted = {name for later in parts[index:] for name in later.inputs}
+        for recorded in frontier:  # what no part left reads
+            for name in [n for n in recorded if n not in wanted]:
+                del recorded[name]
         typed = {
             name: (
                 int(onnx.helper.np_dtype_to_tensor_dtype(frontier[0][name].dtype)),
@@ -290,8 +300,9 @@ def run_in_parts(
             )
         finally:
             path.unlink()
+        read_later = {name for later in parts[index + 1 :] for name in later.inputs}
         for i, step in enumerate(passes):
-            _run_part(session, part, spec, caches, step, frontier[i], finals[i])
+            _run_part(session, part, spec, caches, step, frontier[i], finals[i], read_later)
         del session
         gc.collect()
         release_heap()
@@ -308,6 +319,7 @@ def _run_part(
     step: Pass,
     frontier: dict[str, np.ndarray],
     finals: dict[str, np.ndarray],
+    read_later: set[str],
 ) -> None:
     io = session.io_binding()
     given = _step_inputs(spec, step)
@@ -325,7 +337,7 @@ def _run_part(
     for name, value in values.items():
         (finals if name in (contract.LOGITS, contract.FEATURES) else frontier)[name] = value
     for name in part.outputs:  # a cache output a later part reads as a frontier tensor
-        if _is_cache(name):
+        if _is_cache(name) and name in read_later:
             frontier[name] = _bound_value(caches, step, name)
 
 
@@ -335,7 +347,3 @@ def _bound_value(caches: _Caches, step: Pass, name: str) -> np.ndarray:
     if caches.full:
         return buf.copy()
     return buf[:, step.start : step.start + len(step.tokens)].copy()
-
-
-def part_files(folder: Path) -> Iterator[Path]:
-    return folder.glob(f"{PART_PREFIX}-*.onnx")
