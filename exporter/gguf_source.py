@@ -83,7 +83,8 @@ class GgufBlocks:
         order = self._row_order(name, rows)
         if order is not None:
             blocks = blocks.take_rows(order)
-        tolerance = MATCH_RELATIVE * max(1e-30, float(np.max(np.abs(weight))))
+        largest = max(float(weight.max()), -float(weight.min()))  # no |weight| temporary
+        tolerance = MATCH_RELATIVE * max(1e-30, largest)
         for start in range(0, rows, CHECK_ROWS):  # in slices: a float copy of one slice at most
             got = blocks.rows(start, start + CHECK_ROWS).dequantize()
             if float(np.max(np.abs(got - weight[start : start + CHECK_ROWS]))) > tolerance:
