@@ -14,9 +14,10 @@ decoder's layers depend on each other only forwards, so the same passes can run 
 
 Every part runs all passes of the check (each stream's prefill, decode and verify steps) before
 the next part loads, with the frontier of each pass recorded in between and the caches bound
-exactly as the runtime binds them (runtime/backends/ort_session.py). The nodes, their kernels and
-their inputs are the whole graph's, so the logits are the same bits
-(tests/exporter/test_check_parts.py compares them for every family).
+exactly as the runtime binds them (runtime/backends/ort_session.py). A part's inputs carry the
+shapes the whole graph gives those tensors (observed_shape), so ONNX Runtime fuses the same
+nodes. The nodes, their kernels and their inputs are the whole graph's, so the logits are the
+same bits (tests/exporter/test_check_parts.py compares them for every family).
 """
 
 from __future__ import annotations
