@@ -94,7 +94,12 @@ class WeightSource:
 
 
 class SafetensorsSource(WeightSource):
-    """A folder written by save_pretrained: model.safetensors, or shards with an index."""
+    """A folder written by save_pretrained: model.safetensors, or shards with an index.
+
+    A file is opened for each tensor read and closed after it: safetensors maps the file, and a
+    mapping's touched pages count as this process's resident memory while it is open, so one
+    handle held through the export grew it by the whole model (tests/exporter/
+    test_streamed_export.py measures it)."""
 
     def __init__(self, folder: Path, model: Any) -> None:
         super().__init__(model)
@@ -106,17 +111,24 @@ class SafetensorsSource(WeightSource):
             files = sorted(set(weight_map.values()))
         else:
             files = [p.name for p in sorted(folder.glob("*.safetensors"))]
-        self.handles = {f: safe_open(str(folder / f), framework="pt") for f in files}
-        self.where = {k: f for f, h in self.handles.items() for k in h.keys()}  # noqa: SIM118  (a handle, not a dict)
+        self.where: dict[str, Path] = {}
+        for f in files:
+            handle = safe_open(str(folder / f), framework="pt")
+            self.where.update(dict.fromkeys(handle.keys(), folder / f))
+            del handle
 
     def keys(self) -> set[str]:
         return set(self.where)
 
     def read(self, key: str) -> np.ndarray:
         import torch
+        from safetensors import safe_open
 
-        t = self.handles[self.where[key]].get_tensor(key)
-        return t.to(torch.float32).numpy()
+        handle = safe_open(str(self.where[key]), framework="pt")
+        t = handle.get_tensor(key)  # may be a view of the mapping: copied out before it closes
+        array = np.array(t.to(torch.float32).numpy(), copy=True)
+        del t, handle
+        return array
 
 
 class TorchBinSource(WeightSource):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -41,7 +40,9 @@ def measure(artifact: Path, graph: str, part_bytes: int, text: int, k: int, out:
     outputs, parts = run_passes(artifact, spec, passes(spec.vocab_size, text, k), part_bytes)
     seconds = time.perf_counter() - t0
     np.save(out, np.concatenate([o.logits for o in outputs]))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with open("/proc/self/status") as f:  # this process's own high-water mark (ru_maxrss
+        # would start from the parent's size at the fork)
+        peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
     print(json.dumps({"parts": parts, "seconds": seconds, "peak_gb": peak / 1e9}))
 
 
