@@ -146,8 +146,9 @@ def check_graph(
     calibration: np.ndarray | None = None,
     part_bytes: int = CHECK_PART_BYTES,
 ) -> dict[str, Any]:
-    """check_parity, and for a quantized graph quantized_quality along `calibration`, from one
-    reference pass of the source model and one run of the graph over all their passes."""
+    """The graph's prefill, decode and verify (K + 1) passes against the source model's scores of
+    the same random tokens (parity_figures), and for a quantized graph the calibration text's
+    passes (quality_figures): one reference pass of the source model, one run of the graph."""
     k = max(1, check_k)
     sequences = [parity_tokens(src, spec, k)]
     if calibration is not None:
@@ -158,20 +159,12 @@ def check_graph(
         passes += text_passes(sequences[1], k)
     outputs, parts = run_passes(folder, spec, passes, part_bytes)
     if parts > 1:
-        log(f"  {spec.role}: checked in {parts} parts of at most {part_bytes / 2**30:.1f} GiB")
+        log(f"  {spec.role}: checked in {parts} parts of at most {part_bytes >> 20} MB of weights")
     result = parity_figures(spec, k, log, refs[0], outputs[:3])
     result["check_parts"] = parts
     if calibration is not None:
         result["calibration"] = quality_figures(spec, refs[1], k, log, outputs[3:])
     return result
-
-
-def check_parity(
-    src: SourceModel, folder: Path, spec: ModelSpec, check_k: int, log: Log
-) -> dict[str, Any]:
-    """The graph's prefill, decode and verify (K + 1) passes against the source model's
-    scores of the same random tokens."""
-    return check_graph(src, folder, spec, check_k, log)
 
 
 def parity_figures(
@@ -221,7 +214,7 @@ def parity_figures(
         f"  {spec.role}: parity prefill/decode/verify(K+1={k + 1}) max|dlogit| = {worst:.2e} "
         f"(tolerance {tolerance:.1e}), argmax agreement {agree}/{total}"
     )
-    if spec.variant in QUANTIZED:  # judged along a text instead (quantized_quality)
+    if spec.variant in QUANTIZED:  # judged along a text instead (quality_figures)
         result["passed"] = None
         return result
     if worst > tolerance:

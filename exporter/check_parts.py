@@ -25,17 +25,17 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
 from specx.runtime import contract
-from specx.runtime.backends.ort_session import session_options
+from specx.runtime.backends.ort_session import bind_cache, session_options
 from specx.runtime.contract import ModelSpec
 from specx.runtime.errors import ExportError
-from specx.runtime.kv_cache import NP_DTYPES
+from specx.runtime.kv_cache import KVCache
+from specx.runtime.memory import HOST
 
 from .sources import release_heap
 
@@ -217,40 +217,6 @@ def _part_model(
     return result
 
 
-class _Caches:
-    """Each stream's cache buffers, shaped as the runtime's (runtime/kv_cache.py)."""
-
-    def __init__(self, spec: ModelSpec, capacity: dict[int, int]) -> None:
-        self.spec = spec
-        self.full = spec.attention in contract.FULL_BUFFER
-        dtype = NP_DTYPES[spec.dtype]
-        self.buffers: dict[tuple[int, str], np.ndarray] = {}
-        for stream, cap in capacity.items():
-            shape = (
-                (1, spec.kv_heads, cap, spec.head_dim)
-                if self.full
-                else (1, cap, spec.kv_heads, spec.head_dim)
-            )
-            for layer in range(spec.num_layers):
-                for kind in ("key", "value"):
-                    self.buffers[(stream, f"{kind}.{layer}")] = np.zeros(shape, dtype)
-
-    def bind(self, io: Any, step: Pass, inputs: list[str], outputs: list[str]) -> None:
-        """Past and new (plain) or past and present (full buffer) as the runtime binds them."""
-        seq = len(step.tokens)
-        for name in inputs:
-            if name.startswith("past_"):
-                buf = self.buffers[(step.stream, name[len("past_") :])]
-                view = buf if self.full else buf[:, : step.start]
-                io.bind_input(name, "cpu", 0, buf.dtype, list(view.shape), view.ctypes.data)
-        for name in outputs:
-            for prefix in ("new_", "present_"):
-                if name.startswith(prefix):
-                    buf = self.buffers[(step.stream, name[len(prefix) :])]
-                    view = buf if self.full else buf[:, step.start : step.start + seq]
-                    io.bind_output(name, "cpu", 0, buf.dtype, list(view.shape), view.ctypes.data)
-
-
 def _step_inputs(spec: ModelSpec, step: Pass) -> dict[str, np.ndarray]:
     seq = len(step.tokens)
     end = step.start + seq
@@ -276,7 +242,19 @@ def run_in_parts(
     capacity: dict[int, int] = {}
     for step in passes:
         capacity[step.stream] = max(capacity.get(step.stream, 0), step.start + len(step.tokens))
-    caches = _Caches(spec, capacity)
+    caches = {}  # each stream's cache, as the runtime's; the passes say which positions to bind
+    for stream, positions in capacity.items():
+        cache = KVCache(
+            spec.num_layers,
+            spec.kv_heads,
+            spec.head_dim,
+            positions,
+            spec.dtype,
+            HOST,
+            layout=spec.attention,
+        )
+        cache.advance(positions)  # all valid, so keys()/values() read any pass's new slots
+        caches[stream] = cache
     frontier: list[dict[str, np.ndarray]] = [{} for _ in passes]
     finals: list[dict[str, np.ndarray]] = [{} for _ in passes]
     seqs = [len(step.tokens) for step in passes]
@@ -303,7 +281,8 @@ def run_in_parts(
             path.unlink()
         read_later = {name for later in parts[index + 1 :] for name in later.inputs}
         for i, step in enumerate(passes):
-            _run_part(session, part, spec, caches, step, frontier[i], finals[i], read_later)
+            cache = caches[step.stream]
+            _run_part(session, part, spec, cache, step, frontier[i], finals[i], read_later)
         del session
         gc.collect()
         release_heap()
@@ -316,7 +295,7 @@ def _run_part(
     session: ort.InferenceSession,
     part: Part,
     spec: ModelSpec,
-    caches: _Caches,
+    cache: KVCache,
     step: Pass,
     frontier: dict[str, np.ndarray],
     finals: dict[str, np.ndarray],
@@ -330,21 +309,22 @@ def _run_part(
         value = frontier[name] if name in frontier else given[name]
         io.bind_cpu_input(name, np.ascontiguousarray(value))
     free = [n for n in part.outputs if not _is_cache(n)]
-    for name in free:  # first: copy_outputs_to_cpu lists outputs in the order they were bound
+    for name in free:  # first: get_outputs lists outputs in the order they were bound
         io.bind_output(name, "cpu")
-    caches.bind(io, step, part.inputs, part.outputs)
+    bind_cache(io, cache, step.start, len(step.tokens), set(part.inputs), set(part.outputs))
     session.run_with_iobinding(io)
-    values = dict(zip(free, io.copy_outputs_to_cpu()[: len(free)], strict=True))
-    for name, value in values.items():
+    produced = io.get_outputs()  # not the caches' own: they are in the cache already
+    for i, name in enumerate(free):
+        value = produced[i].numpy()
         (finals if name in (contract.LOGITS, contract.FEATURES) else frontier)[name] = value
     for name in part.outputs:  # a cache output a later part reads as a frontier tensor
         if _is_cache(name) and name in read_later:
-            frontier[name] = _bound_value(caches, step, name)
+            frontier[name] = _new_slots(cache, step, name)
 
 
-def _bound_value(caches: _Caches, step: Pass, name: str) -> np.ndarray:
-    prefix = "new_" if name.startswith("new_") else "present_"
-    buf = caches.buffers[(step.stream, name[len(prefix) :])]
-    if caches.full:
-        return buf.copy()
-    return buf[:, step.start : step.start + len(step.tokens)].copy()
+def _new_slots(cache: KVCache, step: Pass, name: str) -> np.ndarray:
+    """What a plain graph's new_key.i / new_value.i output wrote into the cache: [1, seq, ..]
+    (a full-buffer graph's present outputs are read by no other node)."""
+    kind, layer = name.removeprefix("new_").split(".")
+    valid = cache.keys(int(layer)) if kind == "key" else cache.values(int(layer))
+    return valid[None, step.start : step.start + len(step.tokens)].copy()

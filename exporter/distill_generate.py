@@ -27,7 +27,7 @@ from specx.runtime.backends.ort_session import OrtSession
 from specx.runtime.errors import ExportError
 from specx.runtime.sampling import sample, softmax
 
-from .check import check_parity
+from .check import check_graph
 from .distill_data import TOP, Prompt, Sequence, encode_prompt
 from .load import Log, SourceModel
 from .onnx_export import export_graph
@@ -169,7 +169,7 @@ class RuntimeGenerator:
             src, folder, "target", "target.onnx", MAX_LENGTH, uuid.uuid4().hex, 17, log,
             "fp32", "gqa", taps,
         )  # fmt: skip
-        check_parity(src, folder, spec, 2, log)
+        check_graph(src, folder, spec, 2, log)
         self.session = OrtSession(folder / spec.graph, spec, ["cpu"])
         self.src = src
         self.rows = rows

@@ -39,7 +39,7 @@ HEAD_BITS = 8
 # block and multiplies in integers, as llama.cpp does: the fast CPU path. Its rounding of an
 # activation flips with any difference in the bits before it, so a multi-token pass parts from a
 # one-token pass wherever anything before it sums in another order (GroupQueryAttention does;
-# measured at export: quantized_quality). "fp32" (0) dequantizes the weights to float32 on every
+# measured at export: check.quality_figures). "fp32" (0) dequantizes the weights to float32 on every
 # call: several times slower for 4 bits and far slower for 8 (docs/quantized.md, measured by
 # scripts/nbits_kernels.py), a mode for checking, not serving.
 COMPUTE = {"int8": 4, "fp32": 0}

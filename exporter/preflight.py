@@ -68,9 +68,9 @@ def _graph(
     hidden = getattr(config, "hidden_size", None) or config.n_embd
     inner = getattr(config, "intermediate_size", None) or 4 * hidden
     largest = 4.0 * max(tables, hidden * inner)
-    if size > part_bytes:  # a part: up to part_bytes, or one level (a layer with the head)
+    if size > part_bytes:  # a part: up to part_bytes, or one level (a layer with a table)
         level = body * BYTES_PER_PARAM[precision] / shape.num_layers
-        level += (heads - tables if heads > tables else tables) * TABLE_BYTES[precision]
+        level += tables * TABLE_BYTES[precision]  # the embedding's, or the head's
         size = max(part_bytes, level)
     return size, largest, float(shape.num_parameters)
 

@@ -12,7 +12,7 @@ buffer. Nothing is allocated or copied per step apart from the token ids and pos
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,37 @@ def session_options(threads: int | None, alternating: bool) -> ort.SessionOption
     options.log_severity_level = 3
     _configure_threads(options, threads, alternating)
     return options
+
+
+def bind_cache(
+    io: Any,
+    cache: KVCache,
+    past: int,
+    seq: int,
+    inputs: Container[str] | None = None,
+    outputs: Container[str] | None = None,
+) -> None:
+    """Bind each layer's cache tensors for a pass of `seq` tokens after `past` valid ones:
+    plain layout, past = the valid prefix of each buffer and new = the slots right after it;
+    full-buffer layouts, past and present = the same whole buffer. `inputs` / `outputs`: bind
+    only these names (a graph holding part of the layers: exporter/check_parts.py)."""
+    full = cache.layout in contract.FULL_BUFFER
+    dev, dev_id, dt = cache.device, cache.device_id, cache.np_dtype
+    past_shape = list(cache.shape) if full else [1, past, cache.kv_heads, cache.head_dim]
+    new_shape = list(cache.shape) if full else [1, seq, cache.kv_heads, cache.head_dim]
+    out_name = contract.present_key if full else contract.new_key
+    out_value = contract.present_value if full else contract.new_value
+    for layer in range(cache.num_layers):
+        for name_in, name_out, ptr in (
+            (contract.past_key(layer), out_name(layer), cache.key_ptr),
+            (contract.past_value(layer), out_value(layer), cache.value_ptr),
+        ):
+            if inputs is None or name_in in inputs:
+                io.bind_input(name_in, dev, dev_id, dt, past_shape, ptr(layer))
+            if outputs is None or name_out in outputs:
+                io.bind_output(
+                    name_out, dev, dev_id, dt, new_shape, ptr(layer, 0 if full else past)
+                )
 
 
 class OrtValueBuffer:
@@ -358,21 +389,11 @@ class OrtSession(GraphSession):
         return buf[:seq]
 
     def _bind_plain(self, io: Any, cache: KVCache, past: int, seq: int) -> None:
-        """past = the valid prefix of each buffer; new = the slots right after it."""
         self._bound = None
-        dev, dev_id, dt = cache.device, cache.device_id, self._cache_np_dtype
-        past_shape = [1, past, cache.kv_heads, cache.head_dim]
-        new_shape = [1, seq, cache.kv_heads, cache.head_dim]
-        for layer in range(cache.num_layers):
-            for name_past, name_new, ptr in (
-                (contract.past_key(layer), contract.new_key(layer), cache.key_ptr),
-                (contract.past_value(layer), contract.new_value(layer), cache.value_ptr),
-            ):
-                io.bind_input(name_past, dev, dev_id, dt, past_shape, ptr(layer))
-                io.bind_output(name_new, dev, dev_id, dt, new_shape, ptr(layer, past))
+        bind_cache(io, cache, past, seq)
 
     def _bind_full(self, io: Any, cache: KVCache, past: int, seq: int) -> None:
-        """past and present = the same full buffer; the lengths say what is valid."""
+        """The lengths say what is valid; the buffers are bound once per cache."""
         if self.spec.attention == "batched":
             io.bind_cpu_input(contract.WRITE_INDICES, np.array([past], dtype=np.int64))
         else:
@@ -380,14 +401,7 @@ class OrtSession(GraphSession):
             io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, np.array(past + seq, dtype=np.int32))
         if self._bound is cache:
             return  # the cache buffers are bound already and never move
-        dev, dev_id, dt, shape = cache.device, cache.device_id, self._cache_np_dtype, cache.shape
-        for layer in range(cache.num_layers):
-            for name_in, name_out, ptr in (
-                (contract.past_key(layer), contract.present_key(layer), cache.key_ptr(layer)),
-                (contract.past_value(layer), contract.present_value(layer), cache.value_ptr(layer)),
-            ):
-                io.bind_input(name_in, dev, dev_id, dt, list(shape), ptr)
-                io.bind_output(name_out, dev, dev_id, dt, list(shape), ptr)
+        bind_cache(io, cache, past, seq)
         self._bound = cache
 
     def forward_rows(
