@@ -310,11 +310,14 @@ def _quality(parity: dict[str, Any]) -> str:
         return f"agrees with the target's argmax on {100 * agreement:.0f}% of a text"
     calibration = parity.get("calibration")
     if isinstance(calibration, dict) and "argmax_agreement" in calibration:
-        carried = (parity.get("weights") or {}).get("carried") or {}
+        weights = parity.get("weights") or {}
+        carried, requantized = weights.get("carried") or {}, weights.get("requantized") or {}
+        wide = sum(why.endswith("(wide blocks: requantize)") for why in requantized.values())
         return (
             f"argmax agrees with its fp32 source on {100 * calibration['argmax_agreement']:.0f}% "
             f"of a text, max|dlogit| {calibration['max_abs_logit_diff']:.2f}"
             + (f"; GGUF blocks carried: {sum(carried.values())}" if carried else "")
+            + (f"; wide GGUF blocks requantized: {wide}" if wide else "")
         )
     return f"parity max|dlogit| {diff:.1e}" if diff is not None else "no parity recorded"
 

@@ -77,6 +77,20 @@ def _export_draft_help() -> str:
     "then keeps K-token and one-token passes bit-identical) or fp32 (dequantized weights: for "
     "checking against the float32 source; far slower, most at 8 bits).",
 )
+@click.option(
+    "--wide-blocks",
+    type=click.Choice(["carry", "requantize"]),
+    default=None,
+    help="GGUF blocks wider than --precision (5-, 6-, 8-bit formats at int4): carry them exactly "
+    "in 8-bit lanes (default for the target: the file's own numbers) or requantize them to the "
+    "precision's bits, LM head included (fewer bytes read per token).",
+)
+@click.option(
+    "--draft-wide-blocks",
+    type=click.Choice(["carry", "requantize"]),
+    default=None,
+    help="The same for drafts (default: requantize; a draft's weights never change the output).",
+)
 @debug_option
 @user_errors
 def export_cmd(
@@ -95,6 +109,8 @@ def export_cmd(
     precision: str | None,
     draft_precision: str | None,
     quant_compute: str,
+    wide_blocks: str | None,
+    draft_wide_blocks: str | None,
     debug: bool,
 ) -> None:
     """Export a TARGET (and drafts) to an ONNX artifact folder, checked against the source."""
@@ -120,6 +136,8 @@ def export_cmd(
         precision=precision,
         draft_precision=draft_precision,
         quant_compute=quant_compute,
+        wide_blocks=wide_blocks,
+        draft_wide_blocks=draft_wide_blocks,
     )
     manifest = export_pair(
         target, list(drafts), output, options, log=lambda m: click.echo(m, err=True)

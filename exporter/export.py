@@ -30,7 +30,7 @@ from .feature_head import HeadCheckpoint, build_head, read_head
 from .gguf_source import parsed_once
 from .head_export import check_head_parity, export_head
 from .load import SourceModel, chat_template, check_pair, open_source, special_tokens
-from .nbits import COMPUTE, PRECISIONS, QUANTIZED
+from .nbits import COMPUTE, PRECISIONS, QUANTIZED, WIDE_BLOCKS, WIDE_BLOCKS_DEFAULT
 from .onnx_export import export_graph
 from .plan import plan_pair
 from .preflight import estimate, preflight
@@ -69,6 +69,16 @@ class ExportOptions:
     # attention, picked for it, K-token and one-token passes are bit-identical) or "fp32"
     # (dequantized weights: close to the float32 source, far slower).
     quant_compute: str = "int8"
+    # What becomes of a GGUF's blocks wider than the precision (nbits.WIDE_BLOCKS) in the target
+    # and in drafts; None: nbits.WIDE_BLOCKS_DEFAULT (carry the target's, requantize drafts').
+    wide_blocks: str | None = None
+    draft_wide_blocks: str | None = None
+
+
+def wide_blocks(options: ExportOptions, role: str) -> str:
+    """What becomes of GGUF blocks wider than the precision in a graph of `role`."""
+    chosen = options.wide_blocks if role == "target" else options.draft_wide_blocks
+    return chosen or WIDE_BLOCKS_DEFAULT[role]
 
 
 def _versions() -> dict[str, str]:
@@ -117,6 +127,13 @@ def _validate(output: Path, options: ExportOptions) -> None:
             raise ExportError(
                 f"{flag} must be one of {', '.join(PRECISIONS)}, got {value!r}",
                 "int4 for the smallest and fastest graphs on a CPU, fp32 to compare against",
+            )
+    wide = {"--wide-blocks": options.wide_blocks, "--draft-wide-blocks": options.draft_wide_blocks}
+    for flag, value in wide.items():
+        if value is not None and value not in WIDE_BLOCKS:
+            raise ExportError(
+                f"{flag} must be one of {', '.join(WIDE_BLOCKS)}, got {value!r}",
+                "carry keeps a GGUF's own numbers, requantize reads fewer bytes per token",
             )
     if options.quant_compute not in COMPUTE:
         raise ExportError(
@@ -277,6 +294,7 @@ def _export_into(
             attention,
             taps,
             options.quant_compute,
+            wide_blocks(options, role),
         )
         timings[f"{graph}_export_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()

@@ -63,6 +63,13 @@ class GgufBlocks:
             return None
         return f"{name}.{suffix}"
 
+    def stored_bits(self, hf_name: str) -> tuple[str, int] | None:
+        """(GGUF type, bits its codes take as carried) of the parameter `hf_name`, None where the
+        file has no carried type for it; reads no blocks."""
+        name = self.gguf_name(hf_name)
+        kind = None if name is None else self.tensors[name].tensor_type.name
+        return None if kind not in CARRIED else (kind, CARRIED[kind][0])
+
     def blocks(self, hf_name: str, weight: np.ndarray) -> tuple[Blocks | None, str]:
         """The file's blocks of the parameter `hf_name`, equal to `weight` [N, K] (out x in);
         (None, why) where they cannot be carried."""

@@ -218,6 +218,7 @@ def export_graph(
     attention: str = "plain",
     taps: tuple[int, ...] = (),
     compute: str = "int8",
+    wide: str = "carry",
 ) -> ModelSpec:
     """Trace `src` into folder/graph_name and describe it; parity is checked separately.
 
@@ -225,7 +226,8 @@ def export_graph(
     traced; the source model stays float32 for the parity reference); logits stay float32.
     "int8" / "int4": float32 activations and caches, weights as MatMulNBits blocks (nbits.py),
     carried from the GGUF file the model came from where their format maps exactly; `compute`
-    says how MatMulNBits multiplies (nbits.COMPUTE).
+    says how MatMulNBits multiplies (nbits.COMPUTE), `wide` what becomes of GGUF blocks wider
+    than the precision (nbits.WIDE_BLOCKS).
     attention "plain" (standard ONNX, for TensorRT), "gqa" (ONNX Runtime's in-place attention) or
     "batched" (several sequences at their own lengths per pass). taps: hidden states the graph
     also returns as `features`, for a feature draft (runtime/contract.py).
@@ -303,7 +305,8 @@ def export_graph(
     try:
         if precision in QUANTIZED:
             embedding = _param_name(traced, traced.get_input_embeddings().weight)
-            report = quantize_graph(model, int(precision[3:]), vocab, weights, embedding, compute)
+            bits = int(precision[3:])
+            report = quantize_graph(model, bits, vocab, weights, embedding, compute, wide)
             quantization = report.to_json()
             log(f"  {role}: {precision} weights: {report.summary()}")
         else:
@@ -313,6 +316,8 @@ def export_graph(
     drop_weight_inputs(model, weights)
     stamp_io_shapes(model, inputs, outputs)
     params, nbytes = weight_stats(model)
+    if precision in QUANTIZED:  # the initializers count packed codes and scales, not weights
+        params = sum(int(np.prod(shape)) for shape in weights.source.shapes.values())
     save_graph(model, folder, graph_name, role, src.source, pair_id, max_length, nbytes)
     log(
         f"  {role}: traced in {trace_s:.1f} s, weights streamed in "

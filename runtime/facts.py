@@ -59,6 +59,7 @@ def _quantization(spec: ModelSpec) -> dict[str, Any] | None:
         "carried_from_gguf": weights.get("carried", {}),
         "requantized": len(weights.get("requantized", {})),
         "compute": weights.get("compute"),
+        "wide_blocks": weights.get("wide_blocks", "carry"),  # artifacts before it: carried
         "calibration_tokens": calibration.get("tokens"),
         **{k: calibration.get(k) for k in keys},
     }

@@ -23,6 +23,7 @@ pytest.importorskip("gguf")
 from specx.apps.cli import main
 from specx.exporter import ExportOptions, export_pair
 from specx.runtime import Pipeline
+from specx.runtime.errors import ExportError
 from tests.gguf_models import write_gguf
 from tests.tiny_models import save
 
@@ -137,6 +138,29 @@ def assert_same_weights(got: list[np.ndarray], want: list[np.ndarray]) -> None:
         unmatched.pop(match)
 
 
+def assert_within_a_step(got: list[np.ndarray], want: list[np.ndarray], bits: int) -> None:
+    """Each weight of `want` has a graph weight of its shape within one `bits`-bit step of each of
+    its blocks of 32 (round-to-nearest from the file's values: half a step, a whole one where the
+    zero point's rounding clips), and not all of them are exact."""
+    assert len(got) == len(want)
+    unmatched, inexact = list(got), 0
+    for w in want:
+        blocks = w.reshape(w.shape[0], -1, 32)
+        span = np.maximum(blocks.max(axis=2), 0) - np.minimum(blocks.min(axis=2), 0)
+        bound = np.repeat(span / (2**bits - 1), 32, axis=1) + 1e-6 * float(np.abs(w).max())
+        match = next(
+            (
+                i
+                for i, g in enumerate(unmatched)
+                if g.shape == w.shape and bool(np.all(np.abs(g - w) <= bound))
+            ),
+            None,
+        )
+        assert match is not None, f"no graph weight is within a step of a {w.shape} weight"
+        inexact += float(np.abs(unmatched.pop(match) - w).max()) > 1e-6 * float(np.abs(w).max())
+    assert inexact > 0
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: Any) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("gguf")
@@ -187,6 +211,55 @@ def test_an_int4_export_carries_every_gguf_block_and_computes_with_the_files_wei
         calibration = spec["parity"]["calibration"]
         assert calibration["argmax_agreement"] > 0.95  # fp32 compute: only summation order
         assert calibration["passes_parted"] == 0
+
+
+def test_a_draft_requantizes_wide_blocks_from_the_files_weights_and_reads_fewer_bytes(
+    int4_pair: Path, files: dict[str, Path]
+) -> None:
+    manifest = json.loads((int4_pair / "manifest.json").read_text())
+    target, draft = manifest["target"], manifest["drafts"][0]
+    weights = draft["parity"]["weights"]
+    assert weights["wide_blocks"] == "requantize"
+    assert set(weights["tensors_by_bits"]) == {"4-bit", "4-bit embedding"}
+    assert set(weights["requantized"].values()) == {
+        f"{kind} wider than 4 bits (wide blocks: requantize)"
+        for kind in ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")
+    }
+    assert draft["weight_bytes"] < 0.8 * target["weight_bytes"]  # the same shapes
+    got = graph_weights(int4_pair / draft["graph"])
+    assert_within_a_step(got, loaded_weights(files["draft"]), bits=4)
+    # negative control: the target's file differs from the draft's in one matrix
+    with pytest.raises(AssertionError, match="no graph weight is within a step"):
+        assert_within_a_step(got, loaded_weights(files["qwen2"]), bits=4)
+
+
+def test_wide_blocks_are_requantized_or_carried_as_asked_for_either_role(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "artifact"
+    options = ExportOptions(
+        max_length=64, precision="int4", wide_blocks="requantize", draft_wide_blocks="carry"
+    )
+    export_pair(str(files["qwen2"]), [str(files["draft"])], out, options, quiet)
+    manifest = json.loads((out / "manifest.json").read_text())
+    target, draft = manifest["target"], manifest["drafts"][0]
+    assert target["parity"]["weights"]["wide_blocks"] == "requantize"
+    assert set(target["parity"]["weights"]["tensors_by_bits"]) == {"4-bit", "4-bit embedding"}
+    assert draft["parity"]["weights"]["requantized"] == {}
+    assert_same_weights(graph_weights(out / draft["graph"]), loaded_weights(files["draft"]))
+
+
+def test_an_unknown_wide_blocks_choice_is_refused_with_exit_2(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "artifact"
+    args = ["export", "--target", str(files["qwen2"]), "-o", str(out), "--precision", "int4"]
+    result = CliRunner().invoke(main, [*args, "--draft-wide-blocks", "round"])
+    assert result.exit_code == 2
+    assert "round" in result.output and not out.exists()
+    with pytest.raises(ExportError, match="--wide-blocks must be one of carry, requantize"):
+        export_pair(str(files["qwen2"]), [], out, ExportOptions(wide_blocks="round"), quiet)
+    assert not out.exists()
 
 
 def test_the_same_model_requantized_from_floats_does_not_match_the_files_weights(
@@ -242,14 +315,18 @@ def test_info_states_each_models_precision(int4_pair: Path) -> None:
     assert result.exit_code == 0, result.output
     facts = json.loads(result.output)
     assert {m["variant"] for m in facts["models"]} == {"int4"}
-    for m in facts["models"]:
-        q = m["quantization"]
-        assert q["requantized"] == 0 and q["compute"] == "fp32" and q["passes_parted"] == 0
-        assert (
-            sum(q["carried_from_gguf"].values()) == 16
-        )  # 14 + head + embedding and q["argmax_agreement"] > 0.95
+    target, draft = (m["quantization"] for m in facts["models"])
+    for q in (target, draft):
+        assert q["compute"] == "fp32" and q["passes_parted"] == 0
+    # the target carries every block (14 matrices + head + embedding); the draft requantizes
+    # the wide ones (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0) and carries the 4-bit formats
+    assert target["requantized"] == 0 and sum(target["carried_from_gguf"].values()) == 16
+    assert target["wide_blocks"] == "carry" and draft["wide_blocks"] == "requantize"
+    assert set(draft["carried_from_gguf"]) == {"Q4_0", "Q4_1", "Q4_K"}
+    assert draft["requantized"] + sum(draft["carried_from_gguf"].values()) == 16
     text = CliRunner().invoke(main, ["info", str(int4_pair)]).output
     assert "int4" in text and "GGUF blocks carried" in text
+    assert f"wide GGUF blocks requantized: {draft['requantized']}" in text
 
 
 def test_an_unknown_precision_is_refused_with_exit_2(

@@ -2,8 +2,9 @@
 
 Runs when SPECX_QWEN_TARGET and SPECX_QWEN_DRAFT point at the GGUF files (scripts/test.sh fetches
 them with scripts/fetch_qwen_coder.sh unless SPECX_SKIP_QWEN=1); SPECX_QWEN_ARTIFACT reuses an
-int4 export made earlier instead of exporting (about 8 minutes and 16 GB here). Checks that the
-export carried every quantized tensor of both files, that its one-token and multi-token passes
+int4 export made earlier instead of exporting (about 2 minutes and 2.5 GB here). Checks that the
+export carried every quantized tensor of the target's file (the draft's wide Q5_0/Q8_0/Q6_K
+blocks requantized to 4 bits, its 4-bit ones carried), that one-token and multi-token passes
 agree bit for bit, and that greedy speculation equals the int4 target alone.
 """
 
@@ -49,7 +50,7 @@ def pair(tmp_path_factory: Any) -> Path:
     return out
 
 
-def test_the_int4_pair_carries_every_gguf_tensor_and_its_passes_part_only_at_near_ties(
+def test_the_int4_target_carries_every_gguf_tensor_and_its_passes_part_only_at_near_ties(
     pair: Path,
 ) -> None:
     """int8 compute: MatMulNBits' one-row and many-row kernels sum in different orders on some
@@ -59,14 +60,20 @@ def test_the_int4_pair_carries_every_gguf_tensor_and_its_passes_part_only_at_nea
     manifest = json.loads((pair / "manifest.json").read_text())
     for spec in (manifest["target"], *manifest["drafts"]):
         assert spec["variant"] == "int4" and spec["attention"] == "plain"
-        weights = spec["parity"]["weights"]
-        assert weights["requantized"] == {} and sum(weights["carried"].values()) > 150
         calibration = spec["parity"]["calibration"]
         assert calibration["passes_parted"] <= 0.05 * calibration["tokens"]
         for gap in calibration["passes_parted_top2_gaps"]:
             assert gap <= 2 * calibration["passes_max_abs_logit_diff"]
-        assert calibration["argmax_agreement"] >= 0.9
-    assert set(manifest["target"]["parity"]["weights"]["carried"]) == {"Q4_K", "Q6_K"}
+        assert calibration["argmax_agreement"] >= (0.9 if spec["role"] == "target" else 0.8)
+    target = manifest["target"]["parity"]["weights"]
+    assert target["requantized"] == {} and sum(target["carried"].values()) > 150
+    assert set(target["carried"]) == {"Q4_K", "Q6_K"}
+    draft = manifest["drafts"][0]["parity"]["weights"]
+    assert draft["wide_blocks"] == "requantize" and set(draft["carried"]) == {"Q4_K"}
+    assert len(draft["requantized"]) > 150 and set(draft["tensors_by_bits"]) == {
+        "4-bit",
+        "4-bit embedding",
+    }
 
 
 def _one_token_gaps(pair: Path, ids: np.ndarray) -> np.ndarray:
