@@ -4,6 +4,16 @@ quantized graph spends its time: the measurements behind docs/quantized.md.
     .venv/bin/python scripts/nbits_kernels.py                  kernel table (1536 x 8960 weight)
     .venv/bin/python scripts/nbits_kernels.py --step ARTIFACT  ONNX Runtime's profile of 20
                                                                one-token target steps, by op type
+    .venv/bin/python scripts/nbits_kernels.py --floor ARTIFACT what the block kernels alone cost:
+                                                               each model's bytes, its step, and
+                                                               its MatMulNBits nodes run alone
+
+--floor: for the target and each draft, the bytes its MatMulNBits nodes read per token by kind
+(codes, float32 scales, zero points, the separate shift MatMuls of K-quants), the same tensors'
+size in the GGUF file it came from (what llama.cpp reads), then the median one-token step (128
+tokens of context) and the median time of a graph holding only its MatMulNBits and shift nodes
+(same weights, each fed its own input): the time the kernels alone take, the bound on a step
+whatever else the graph does.
 
 Kernel table: for 4 and 8 bits, uint8 / float / no zero points, accuracy level 0 (fp32) and 4
 (int8 activations): the median time of a one-row and a five-row product, and whether a row's
@@ -23,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -70,12 +81,13 @@ def _session(bits: int, zero: str, accuracy: int, w: np.ndarray):
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
-def _median_ms(session, x: np.ndarray, repeats: int = 30) -> float:
-    session.run(None, {"A": x})
+def _median_ms(session, x: np.ndarray | dict[str, np.ndarray], repeats: int = 30) -> float:
+    feed = x if isinstance(x, dict) else {"A": x}
+    session.run(None, feed)
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        session.run(None, {"A": x})
+        session.run(None, feed)
         times.append(time.perf_counter() - t0)
     return 1e3 * statistics.median(times)
 
@@ -149,13 +161,124 @@ def step_profile(artifact: Path, steps: int = 20) -> None:
         )
 
 
+def _kernels_only(graph: Path, folder: Path) -> tuple[Path, dict[str, int]]:
+    """A graph of `graph`'s MatMulNBits nodes and shift MatMuls alone (each reading a new input),
+    in folder; and the bytes their weights take, by kind."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(graph))
+    inits = {i.name: i for i in model.graph.initializer}
+    shifts = {
+        n.input[1] for n in model.graph.node if n.input[1:2] and n.input[1].endswith(".shift")
+    }
+    nodes, inputs, outputs, used = [], [], [], []
+    sizes: collections.Counter[str] = collections.Counter()
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            k = next(a.i for a in node.attribute if a.name == "K")
+            for kind, name in zip(
+                ("codes", "scales", "zero points"), node.input[1:4], strict=False
+            ):
+                sizes[kind] += _size(inits[name])
+        elif node.op_type == "MatMul" and node.input[1] in shifts:
+            k = inits[node.input[1]].dims[0]
+            sizes["shifts"] += _size(inits[node.input[1]])
+        else:
+            continue
+        x, y = f"x{len(nodes)}", f"y{len(nodes)}"
+        inputs.append(helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 1, k]))
+        outputs.append(helper.make_tensor_value_info(y, TensorProto.FLOAT, None))
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        nodes.append(
+            helper.make_node(node.op_type, [x, *node.input[1:]], [y], domain=node.domain, **attrs)
+        )
+        used.extend(i for i in node.input[1:] if i in inits)
+    kept = [inits[name] for name in dict.fromkeys(used)]
+    alone = helper.make_model(
+        helper.make_graph(nodes, "kernels", inputs, outputs, kept), opset_imports=model.opset_import
+    )
+    alone.ir_version = model.ir_version
+    out = folder / f"{graph.stem}.kernels.onnx"
+    onnx.save(alone, str(out), save_as_external_data=True, location=f"{out.name}.data")
+    return out, dict(sizes)
+
+
+def _size(init: Any) -> int:
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    return int(np.prod(init.dims)) * np.dtype(tensor_dtype_to_np_dtype(init.data_type)).itemsize
+
+
+def _file_bytes(spec: Any, graph: Path) -> int | None:
+    """Bytes of the GGUF tensors behind `graph`'s MatMulNBits weights, as stored in the file."""
+    import onnx
+    from gguf import GGUFReader
+
+    source = Path(spec.source)
+    if source.suffix != ".gguf" or not source.is_file():
+        return None
+    model = onnx.load(str(graph), load_external_data=False)
+    products = sum(
+        1 for n in model.graph.node if n.op_type == "MatMulNBits"
+    )  # every matrix of the file but the embedding table is multiplied once per token
+    tensors = [t for t in GGUFReader(str(source)).tensors if len(t.shape) == 2]
+    matrices = [t for t in tensors if t.name != "token_embd.weight"]
+    if len(matrices) != products:  # a head tied to the table reads the table's bytes
+        matrices += [t for t in tensors if t.name == "token_embd.weight"]
+    return sum(int(t.n_bytes) for t in matrices)
+
+
+def floor(artifact: Path) -> None:
+    import onnxruntime as ort
+
+    from specx.runtime.backends import OrtSession
+    from specx.runtime.contract import Manifest
+
+    manifest = Manifest.read(artifact)
+    folder = Path(tempfile.mkdtemp())
+    for spec in (manifest.target, *manifest.drafts):
+        graph = artifact / spec.graph
+        if spec.variant not in ("int4", "int8") or not graph.is_file():
+            continue
+        alone, sizes = _kernels_only(graph, folder)
+        session = OrtSession(graph, spec, ["cpu"], max_chunk=128)
+        cache = session.new_cache(128 + 40)
+        session.forward(np.arange(100, 228, dtype=np.int64), cache)
+        step = []
+        for i in range(30):
+            t0 = time.perf_counter()
+            session.forward(np.array([5 + i], dtype=np.int64), cache)
+            step.append(time.perf_counter() - t0)
+        del session
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = THREADS
+        kernels = ort.InferenceSession(str(alone), options, providers=["CPUExecutionProvider"])
+        feed = {i.name: np.random.randn(*i.shape).astype(np.float32) for i in kernels.get_inputs()}
+        only = _median_ms(kernels, feed)
+        del kernels
+        total = sum(sizes.values())
+        parts = ", ".join(f"{k} {v / 1e6:.0f}" for k, v in sizes.items())
+        file_bytes = _file_bytes(spec, graph)
+        in_file = f"; in its GGUF file {file_bytes / 1e6:.0f} MB" if file_bytes else ""
+        print(f"{spec.name} ({spec.variant}): block weights read per token {total / 1e6:.0f} MB")
+        print(f"  ({parts}){in_file}")
+        print(
+            f"  one-token step {statistics.median(step) * 1e3:.1f} ms; its MatMulNBits and shift "
+            f"nodes alone {only:.1f} ms ({total / only / 1e6:.1f} GB/s)"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--step", type=Path, help="an artifact: profile its target's steps")
+    parser.add_argument("--floor", type=Path, help="an artifact: its block kernels alone")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     if args.step:
         step_profile(args.step)
+    elif args.floor:
+        floor(args.floor)
     else:
         kernels()
     return 0
