@@ -769,7 +769,8 @@ def test_the_batch_of_one_script_compares_it_with_the_same_request_alone(llama: 
         assert set(ways) == {"alone", "batch of one"}
         for t in ways.values():  # the second round only: 2 prompts x 8 tokens
             assert t["tokens"] == 16 and 0 < t["passes"] <= 16 and t["seconds"] > 0
-            assert (t["passes"] == 16) == (mode == "off")  # off: one token a pass
+            if mode != "auto":  # -k auto may judge drafting too costly on a loaded machine
+                assert (t["passes"] == 16) == (mode == "off")  # off: one token a pass
 
 
 class _NeverDrafts:
