@@ -79,17 +79,19 @@ def _export_draft_help() -> str:
 )
 @click.option(
     "--wide-blocks",
-    type=click.Choice(["carry", "requantize"]),
+    type=click.Choice(["carry", "requantize", "requantize-all"]),
     default=None,
     help="GGUF blocks wider than --precision (5-, 6-, 8-bit formats at int4): carry them exactly "
-    "in 8-bit lanes (default for the target: the file's own numbers) or requantize them to the "
-    "precision's bits, LM head included (fewer bytes read per token).",
+    "in 8-bit lanes (default for the target: the file's own numbers), requantize the body's to "
+    "the precision's bits (the LM head and table carried), or requantize-all (those too): fewer "
+    "bytes read per token.",
 )
 @click.option(
     "--draft-wide-blocks",
-    type=click.Choice(["carry", "requantize"]),
+    type=click.Choice(["carry", "requantize", "requantize-all"]),
     default=None,
-    help="The same for drafts (default: requantize; a draft's weights never change the output).",
+    help="The same for drafts (default: requantize-all; a draft's weights never change the "
+    "output).",
 )
 @debug_option
 @user_errors

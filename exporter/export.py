@@ -70,7 +70,8 @@ class ExportOptions:
     # (dequantized weights: close to the float32 source, far slower).
     quant_compute: str = "int8"
     # What becomes of a GGUF's blocks wider than the precision (nbits.WIDE_BLOCKS) in the target
-    # and in drafts; None: nbits.WIDE_BLOCKS_DEFAULT (carry the target's, requantize drafts').
+    # and in drafts; None: nbits.WIDE_BLOCKS_DEFAULT (carry the target's, requantize all of a
+    # draft's).
     wide_blocks: str | None = None
     draft_wide_blocks: str | None = None
 
@@ -133,7 +134,8 @@ def _validate(output: Path, options: ExportOptions) -> None:
         if value is not None and value not in WIDE_BLOCKS:
             raise ExportError(
                 f"{flag} must be one of {', '.join(WIDE_BLOCKS)}, got {value!r}",
-                "carry keeps a GGUF's own numbers, requantize reads fewer bytes per token",
+                "carry keeps a GGUF's own numbers; requantize (the body) and requantize-all "
+                "(the head and table too) read fewer bytes per token",
             )
     if options.quant_compute not in COMPUTE:
         raise ExportError(

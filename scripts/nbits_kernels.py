@@ -10,10 +10,10 @@ quantized graph spends its time: the measurements behind docs/quantized.md.
 
 --floor: for the target and each draft, the bytes its MatMulNBits nodes read per token by kind
 (codes, float32 scales, zero points, the separate shift MatMuls of K-quants), the same tensors'
-size in the GGUF file it came from (what llama.cpp reads), then the median one-token step (128
-tokens of context) and the median time of a graph holding only its MatMulNBits and shift nodes
-(same weights, each fed its own input): the time the kernels alone take, the bound on a step
-whatever else the graph does.
+size in the GGUF file it came from (what llama.cpp reads), then, taken in turn 40 times (the VM's
+bandwidth drifts), the one-token step (128 tokens of context), a graph holding only its
+MatMulNBits and shift nodes (same weights, each fed its own input: what the kernels alone take),
+and every fifth round the machine's read bandwidth; medians.
 
 Kernel table: for 4 and 8 bits, uint8 / float / no zero points, accuracy level 0 (fp32) and 4
 (int8 activations): the median time of a one-row and a five-row product, and whether a row's
@@ -39,6 +39,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 K, N, THREADS = 1536, 8960, 2
+ROUNDS = 40
 
 
 def _session(bits: int, zero: str, accuracy: int, w: np.ndarray):
@@ -232,7 +233,9 @@ def _file_bytes(spec: Any, graph: Path) -> int | None:
 def floor(artifact: Path) -> None:
     import onnxruntime as ort
 
+    from specx.apps.bench.floor import read_bandwidth
     from specx.runtime.backends import OrtSession
+    from specx.runtime.backends.ort_session import session_options
     from specx.runtime.contract import Manifest
 
     manifest = Manifest.read(artifact)
@@ -243,29 +246,35 @@ def floor(artifact: Path) -> None:
             continue
         alone, sizes = _kernels_only(graph, folder)
         session = OrtSession(graph, spec, ["cpu"], max_chunk=128)
-        cache = session.new_cache(128 + 40)
+        cache = session.new_cache(128 + 2 * ROUNDS)
         session.forward(np.arange(100, 228, dtype=np.int64), cache)
-        step = []
-        for i in range(30):
+        kernels = ort.InferenceSession(
+            str(alone), session_options(None, False), providers=["CPUExecutionProvider"]
+        )
+        feed = {i.name: np.random.randn(*i.shape).astype(np.float32) for i in kernels.get_inputs()}
+        kernels.run(None, feed)
+        step, only, read = [], [], []
+        for i in range(ROUNDS):  # in turn, so that the VM's bandwidth drifts alike for all three
             t0 = time.perf_counter()
             session.forward(np.array([5 + i], dtype=np.int64), cache)
-            step.append(time.perf_counter() - t0)
-        del session
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = THREADS
-        kernels = ort.InferenceSession(str(alone), options, providers=["CPUExecutionProvider"])
-        feed = {i.name: np.random.randn(*i.shape).astype(np.float32) for i in kernels.get_inputs()}
-        only = _median_ms(kernels, feed)
-        del kernels
+            t1 = time.perf_counter()
+            kernels.run(None, feed)
+            step.append(t1 - t0)
+            only.append(time.perf_counter() - t1)
+            if i % 5 == 0:
+                read.append(read_bandwidth(256, 1))
+        del session, kernels
         total = sum(sizes.values())
         parts = ", ".join(f"{k} {v / 1e6:.0f}" for k, v in sizes.items())
         file_bytes = _file_bytes(spec, graph)
         in_file = f"; in its GGUF file {file_bytes / 1e6:.0f} MB" if file_bytes else ""
         print(f"{spec.name} ({spec.variant}): block weights read per token {total / 1e6:.0f} MB")
         print(f"  ({parts}){in_file}")
+        only_s, bandwidth = statistics.median(only), statistics.median(read)
         print(
             f"  one-token step {statistics.median(step) * 1e3:.1f} ms; its MatMulNBits and shift "
-            f"nodes alone {only:.1f} ms ({total / only / 1e6:.1f} GB/s)"
+            f"nodes alone {only_s * 1e3:.1f} ms ({total / only_s / 1e9:.1f} GB/s; the machine "
+            f"reads {bandwidth / 1e9:.1f} GB/s: {total / bandwidth * 1e3:.1f} ms for these bytes)"
         )
 
 

@@ -219,10 +219,10 @@ def test_a_draft_requantizes_wide_blocks_from_the_files_weights_and_reads_fewer_
     manifest = json.loads((int4_pair / "manifest.json").read_text())
     target, draft = manifest["target"], manifest["drafts"][0]
     weights = draft["parity"]["weights"]
-    assert weights["wide_blocks"] == "requantize"
+    assert weights["wide_blocks"] == "requantize-all"
     assert set(weights["tensors_by_bits"]) == {"4-bit", "4-bit embedding"}
     assert set(weights["requantized"].values()) == {
-        f"{kind} wider than 4 bits (wide blocks: requantize)"
+        f"{kind} wider than 4 bits (wide blocks: requantize-all)"
         for kind in ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")
     }
     assert draft["weight_bytes"] < 0.8 * target["weight_bytes"]  # the same shapes
@@ -243,8 +243,12 @@ def test_wide_blocks_are_requantized_or_carried_as_asked_for_either_role(
     export_pair(str(files["qwen2"]), [str(files["draft"])], out, options, quiet)
     manifest = json.loads((out / "manifest.json").read_text())
     target, draft = manifest["target"], manifest["drafts"][0]
-    assert target["parity"]["weights"]["wide_blocks"] == "requantize"
-    assert set(target["parity"]["weights"]["tensors_by_bits"]) == {"4-bit", "4-bit embedding"}
+    weights = target["parity"]["weights"]
+    assert weights["wide_blocks"] == "requantize"
+    # the body's wide blocks (Q5_K, Q6_K, Q5_0, Q5_1 in both layers) requantized, the Q8_0 head
+    # and the Q4_K table carried
+    assert len(weights["requantized"]) == 8 and weights["carried"]["Q8_0"] == 1
+    assert weights["tensors_by_bits"] == {"4-bit": 14, "8-bit": 1, "4-bit embedding": 1}
     assert draft["parity"]["weights"]["requantized"] == {}
     assert_same_weights(graph_weights(out / draft["graph"]), loaded_weights(files["draft"]))
 
@@ -321,7 +325,7 @@ def test_info_states_each_models_precision(int4_pair: Path) -> None:
     # the target carries every block (14 matrices + head + embedding); the draft requantizes
     # the wide ones (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0) and carries the 4-bit formats
     assert target["requantized"] == 0 and sum(target["carried_from_gguf"].values()) == 16
-    assert target["wide_blocks"] == "carry" and draft["wide_blocks"] == "requantize"
+    assert target["wide_blocks"] == "carry" and draft["wide_blocks"] == "requantize-all"
     assert set(draft["carried_from_gguf"]) == {"Q4_0", "Q4_1", "Q4_K"}
     assert draft["requantized"] + sum(draft["carried_from_gguf"].values()) == 16
     text = CliRunner().invoke(main, ["info", str(int4_pair)]).output

@@ -69,7 +69,7 @@ def test_the_int4_target_carries_every_gguf_tensor_and_its_passes_part_only_at_n
     assert target["requantized"] == {} and sum(target["carried"].values()) > 150
     assert set(target["carried"]) == {"Q4_K", "Q6_K"}
     draft = manifest["drafts"][0]["parity"]["weights"]
-    assert draft["wide_blocks"] == "requantize" and set(draft["carried"]) == {"Q4_K"}
+    assert draft["wide_blocks"] == "requantize-all" and set(draft["carried"]) == {"Q4_K"}
     assert len(draft["requantized"]) > 150 and set(draft["tensors_by_bits"]) == {
         "4-bit",
         "4-bit embedding",
