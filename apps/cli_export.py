@@ -10,6 +10,9 @@ import click
 from specx.apps.cli_common import debug_option, user_errors
 from specx.runtime.drafters.registry import KINDS
 
+# exporter.nbits.WIDE_BLOCKS (not imported here: the exporter loads torch)
+WIDE_BLOCKS = click.Choice(["carry", "requantize", "requantize-all"])
+
 
 def _export_draft_help() -> str:
     kinds = "; ".join(
@@ -79,7 +82,7 @@ def _export_draft_help() -> str:
 )
 @click.option(
     "--wide-blocks",
-    type=click.Choice(["carry", "requantize", "requantize-all"]),
+    type=WIDE_BLOCKS,
     default=None,
     help="GGUF blocks wider than --precision (5-, 6-, 8-bit formats at int4): carry them exactly "
     "in 8-bit lanes (default for the target: the file's own numbers), requantize the body's to "
@@ -88,7 +91,7 @@ def _export_draft_help() -> str:
 )
 @click.option(
     "--draft-wide-blocks",
-    type=click.Choice(["carry", "requantize", "requantize-all"]),
+    type=WIDE_BLOCKS,
     default=None,
     help="The same for drafts (default: requantize-all; a draft's weights never change the "
     "output).",

@@ -9,6 +9,15 @@ weight's blocks come, in this order of preference, from
 2. round-to-nearest block quantization here (`quantize_float`): `bits` for the body, 8 bits for
    the LM head (its rounding moves every logit; llama.cpp's Q4_K_M files keep it in 6 bits).
 
+Formats whose blocks keep a minimum (Q4_1, Q5_1, Q4_K, Q5_K) add `blocksum(x) @ shift^T` to the
+product: the block sums of x [.., K] (a Reshape to [.., K/block, block] and a ReduceSum, once
+for every weight that reads the same x), times shift^T [K/block, N].
+
+The embedding table (a Gather reads one row a token: memory, not bandwidth) becomes ONNX
+Runtime's GatherBlockQuantized on the same kind of blocks (the file's, else 8-bit), plus the
+gathered rows' shifts where the blocks keep minimums: a 151,936-token table of 1,536 floats is
+933 MB in float32 and about 150 MB as Q4_K blocks.
+
 `wide` decides what becomes of GGUF blocks wider than `bits` (5-, 6- and 8-bit formats in an int4
 graph, which MatMulNBits holds in 8-bit lanes with a float32 scale per 16 or 32 weights): "carry"
 keeps the file's numbers (a target's exactness against its GGUF); "requantize" rounds the body's
@@ -110,13 +119,14 @@ class _Rewriter:
 
     def blocks_for(self, wt: np.ndarray, name: str | None, head: bool) -> Blocks:
         why = "no GGUF file" if self.gguf is None else "not a known parameter"
-        stored = None if self.gguf is None or name is None else self.gguf.stored_bits(name)
-        chosen = self.wide == "requantize-all" or (self.wide == "requantize" and not head)
-        if chosen and stored is not None and stored[1] > self.bits:
-            self.report.requantized[name or f"matmul {self.count}"] = (
-                f"{stored[0]} wider than {self.bits} bits (wide blocks: {self.wide})"
-            )
-            return quantize_float(wt, self.bits, BLOCK)
+        rounds = self.wide == "requantize-all" or (self.wide == "requantize" and not head)
+        if rounds and self.gguf is not None and name is not None:
+            stored = self.gguf.stored_bits(name)
+            if stored is not None and stored[1] > self.bits:
+                self.report.requantized[name] = (
+                    f"{stored[0]} wider than {self.bits} bits (wide blocks: {self.wide})"
+                )
+                return quantize_float(wt, self.bits, BLOCK)
         if self.gguf is not None and name is not None:
             blocks, why = self.gguf.blocks(name, wt)
             if blocks is not None:

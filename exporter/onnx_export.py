@@ -316,7 +316,8 @@ def export_graph(
     drop_weight_inputs(model, weights)
     stamp_io_shapes(model, inputs, outputs)
     params, nbytes = weight_stats(model)
-    if precision in QUANTIZED:  # the initializers count packed codes and scales, not weights
+    if precision in QUANTIZED:  # the initializers count packed codes and scales, not weights:
+        # the source's parameters, a head tied to the table counted twice as the graph holds both
         params = sum(int(np.prod(shape)) for shape in weights.source.shapes.values())
     save_graph(model, folder, graph_name, role, src.source, pair_id, max_length, nbytes)
     log(

@@ -82,13 +82,12 @@ def _session(bits: int, zero: str, accuracy: int, w: np.ndarray):
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
-def _median_ms(session, x: np.ndarray | dict[str, np.ndarray], repeats: int = 30) -> float:
-    feed = x if isinstance(x, dict) else {"A": x}
-    session.run(None, feed)
+def _median_ms(session, x: np.ndarray, repeats: int = 30) -> float:
+    session.run(None, {"A": x})
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        session.run(None, feed)
+        session.run(None, {"A": x})
         times.append(time.perf_counter() - t0)
     return 1e3 * statistics.median(times)
 

@@ -266,6 +266,13 @@ def test_an_unknown_wide_blocks_choice_is_refused_with_exit_2(
     assert not out.exists()
 
 
+def test_the_cli_offers_the_exporters_wide_blocks_choices() -> None:
+    from specx.apps.cli_export import WIDE_BLOCKS
+    from specx.exporter.nbits import WIDE_BLOCKS as EXPORTER_CHOICES
+
+    assert tuple(WIDE_BLOCKS.choices) == EXPORTER_CHOICES
+
+
 def test_the_same_model_requantized_from_floats_does_not_match_the_files_weights(
     files: dict[str, Path], tmp_path: Path
 ) -> None:
