@@ -13,6 +13,7 @@ that drifts of a noisy machine hit every configuration alike; speedups are ratio
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -184,9 +185,14 @@ class RunRecord:
     total_s: float
     decode_s: float
     stats: dict[str, Any] = field(repr=False)
+    target_passes: int = 0
+    # the generated ids' digest: two runs (before and after a change, say) made the same tokens
+    # iff their digests agree (scripts/diagnostics/same_tokens.py compares reports)
+    token_digest: str = ""
 
     @staticmethod
-    def of(workload: str, config: str, repeat: int, prompt: int, stats: Any) -> RunRecord:
+    def of(workload: str, config: str, repeat: int, prompt: int, result: Any) -> RunRecord:
+        stats = result.stats
         return RunRecord(
             workload,
             config,
@@ -196,7 +202,14 @@ class RunRecord:
             stats.total_s,
             stats.decode_s,
             stats.to_json(),
+            stats.target_passes,
+            token_digest(result.token_ids),
         )
+
+
+def token_digest(ids: list[int]) -> str:
+    """A short digest of a token id sequence (sha256 of the ids as little-endian int64)."""
+    return hashlib.sha256(np.asarray(ids, dtype="<i8").tobytes()).hexdigest()[:16]
 
 
 def _config_runs(pipe: Pipeline, cfg: BenchConfig, drafters: list[str]) -> list[dict[str, Any]]:
@@ -380,7 +393,7 @@ def run_bench(cfg: BenchConfig, progress: Progress) -> dict[str, Any]:
                 shift = (rep * len(plist) + i) % len(runs)
                 for run in runs[shift:] + runs[:shift]:
                     res = _generate(pipe, prompt, run, cfg.max_new_tokens, greedy)
-                    records.append(RunRecord.of(w, run["name"], rep, i, res.stats))
+                    records.append(RunRecord.of(w, run["name"], rep, i, res))
                     done += 1
                     bar = "#" * (24 * done // total) + "." * (24 - 24 * done // total)
                     progress(
@@ -392,7 +405,10 @@ def run_bench(cfg: BenchConfig, progress: Progress) -> dict[str, Any]:
 
     # -- sampling workload -----------------------------------------------------------------
     if cfg.temperatures:
-        results["sampling"] = _sampling_runs(pipe, cfg, prompts, drafters, progress)
+        results["sampling_records"] = []
+        results["sampling"] = _sampling_runs(
+            pipe, cfg, prompts, drafters, progress, results["sampling_records"]
+        )
 
     # -- peers -----------------------------------------------------------------------------
     results["peers"] = _run_peers(pipe, cfg, prompts, drafters, progress)
@@ -435,7 +451,9 @@ def _sampling_runs(
     prompts: dict[str, list[np.ndarray]],
     drafters: list[str],
     progress: Progress,
+    kept: list[dict[str, Any]],
 ) -> dict[str, Any]:
+    """Sampled runs per temperature and verification; their records are appended to `kept`."""
     workload = "chat" if "chat" in prompts else next(iter(prompts))
     out: dict[str, Any] = {}
     runs: list[dict[str, Any]] = [{"name": "target", "k": 0, "drafter": "none"}] + [
@@ -453,9 +471,10 @@ def _sampling_runs(
                 for run in runs:
                     params = dataclasses.replace(base, seed=1000 * rep + i)
                     res = _generate(pipe, prompt, run, cfg.max_new_tokens, params)
-                    records.append(RunRecord.of(workload, run["name"], rep, i, res.stats))
+                    records.append(RunRecord.of(workload, run["name"], rep, i, res))
             progress(f"sampling T={label} repeat {rep + 1}/{cfg.repeats}")
         out[label] = _aggregate(records)
+        kept += [asdict(r) | {"stats": None, "config": f"{r.config} T={label}"} for r in records]
     return out
 
 
