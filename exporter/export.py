@@ -16,28 +16,43 @@ from typing import Any
 
 import numpy as np
 
+from specx.exporter.checks.parity import CHECK_PART_BYTES, check_batch_parity, check_graph
+from specx.exporter.drafts import DraftEntry, default_drafter, resolve_drafts
+from specx.exporter.graph.modules import gqa_unsupported
+from specx.exporter.graph.trace import export_graph
+from specx.exporter.heads.export import check_head_parity, export_head
+from specx.exporter.heads.feature_head import HeadCheckpoint, build_head, read_head
+from specx.exporter.planning.preflight import estimate, preflight
+from specx.exporter.planning.profile import plan_pair
+from specx.exporter.staging import StagedFolder
+from specx.exporter.tensorrt.engines import build_engines
+from specx.exporter.weights.gguf import parsed_once
+from specx.exporter.weights.load import (
+    SourceModel,
+    chat_template,
+    check_pair,
+    open_source,
+    special_tokens,
+)
+from specx.exporter.weights.nbits import (
+    COMPUTE,
+    PRECISIONS,
+    QUANTIZED,
+    WIDE_BLOCKS,
+    WIDE_BLOCKS_DEFAULT,
+)
+from specx.exporter.weights.quantize import (
+    CALIBRATION_TEXT,
+    derive_quantized_draft,
+    judge_quantized_draft,
+)
+from specx.exporter.weights.sources import pin
 from specx.profiles import Profile, load_profile
-from specx.runtime import contract
+from specx.runtime.artifact import contract
+from specx.runtime.artifact.contract import Manifest, ModelSpec
 from specx.runtime.backends.trt_session import import_tensorrt
-from specx.runtime.contract import Manifest, ModelSpec
 from specx.runtime.drafters import registry
 from specx.runtime.errors import ExportError
-
-from .check import CHECK_PART_BYTES, check_batch_parity, check_graph
-from .drafts import DraftEntry, default_drafter, resolve_drafts
-from .engines import build_engines
-from .feature_head import HeadCheckpoint, build_head, read_head
-from .gguf_source import parsed_once
-from .head_export import check_head_parity, export_head
-from .load import SourceModel, chat_template, check_pair, open_source, special_tokens
-from .nbits import COMPUTE, PRECISIONS, QUANTIZED, WIDE_BLOCKS, WIDE_BLOCKS_DEFAULT
-from .onnx_export import export_graph
-from .plan import plan_pair
-from .preflight import estimate, preflight
-from .quantize import CALIBRATION_TEXT, derive_quantized_draft, judge_quantized_draft
-from .sources import pin
-from .staging import StagedFolder
-from .wrap import gqa_unsupported
 
 MIN_OPSET, MAX_OPSET = 14, 20
 BATCHED_GRAPH = "target.batched.onnx"
@@ -48,7 +63,7 @@ class ExportOptions:
     max_length: int = 2048  # cache capacity (positions) of the exported pair
     check_k: int = 4  # the verify width checked for parity is K + 1
     # A graph with more weights is checked in layer-range parts of at most this many bytes,
-    # one part in ONNX Runtime at a time (check_parts.py): the export's memory peak on big models
+    # one part in ONNX Runtime at a time (checks/parts.py): the export's memory peak on big models
     check_part_bytes: int = CHECK_PART_BYTES
     opset: int = 17
     force: bool = False  # replace an existing output folder
@@ -59,7 +74,7 @@ class ExportOptions:
     # that build TensorRT engines, gqa otherwise.
     attention: str = "auto"
     # Also export the target as a "batched" graph (target.batched.onnx): several sequences at
-    # their own lengths per pass, for batched serving (runtime/batching.py).
+    # their own lengths per pass, for batched serving (runtime/batch/decoder.py).
     batched: bool = False
     # Weights of the target ("fp32", "fp16", "int8", "int4"; None: the profile's, else fp32)
     # and of model drafts (None: the target's). int4/int8 carry a GGUF source's own blocks.

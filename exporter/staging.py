@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
-from .load import Log
+from specx.exporter.weights.load import Log
 
 LOCK_FILE = ".specx-export.lock"
 # A partial folder without a lock (older specx) is a leftover once nothing in it changed for this.

@@ -3,12 +3,12 @@
 The core imports nothing outside this package (tests/runtime/test_layers.py checks it)."""
 
 from specx.runtime.constraint import Grammar
+from specx.runtime.decode.stats import Stats
 from specx.runtime.errors import ArtifactError, ExportError, InputError, SpecxError
-from specx.runtime.logprobs import TokenLogprob
 from specx.runtime.pipeline import GenerationResult, Pipeline
-from specx.runtime.sampling import SamplingParams
 from specx.runtime.settings import GenerationSettings
-from specx.runtime.stats import Stats
+from specx.runtime.verification.logprobs import TokenLogprob
+from specx.runtime.verification.sampling import SamplingParams
 
 __all__ = [
     "ArtifactError",

@@ -17,14 +17,84 @@ from typing import Any
 
 import numpy as np
 
-from specx.runtime.contract import FULL_BUFFER
+from specx.runtime.artifact.contract import FULL_BUFFER
 from specx.runtime.errors import InputError
 from specx.runtime.memory import HOST, DeviceMemory, HostBuffer
 
 NP_DTYPES: dict[str, Any] = {"float32": np.float32, "float16": np.float16}
 
 
-class KVCache:
+class CacheBuffers:
+    """One key and one value buffer per layer, allocated once on a backend's memory, and a
+    valid length per row (the only truth: rollback is a smaller length, no data moves)."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        kv_heads: int,
+        head_dim: int,
+        rows: int,
+        capacity: int,
+        shape: tuple[int, ...],
+        dtype: str,
+        memory: DeviceMemory,
+        fix: str,
+    ) -> None:
+        """shape: one buffer's, in the layout its graphs bind; fix: what to do when the memory
+        cannot hold the buffers."""
+        if rows < 1 or capacity < 1:
+            raise InputError(
+                f"a KV cache needs rows >= 1 and capacity >= 1, got {rows}, {capacity}"
+            )
+        self.num_layers = num_layers
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        self.rows = rows
+        self.capacity = capacity
+        self.dtype = dtype
+        self.np_dtype = NP_DTYPES[dtype]
+        self.device = memory.device
+        self.device_id = memory.device_id
+        self.shape = shape
+        self.slot_bytes = kv_heads * head_dim * np.dtype(self.np_dtype).itemsize  # one position
+        self.row_bytes = capacity * self.slot_bytes
+        try:
+            self._buffers = [memory.allocate(shape, self.np_dtype) for _ in range(2 * num_layers)]
+        except (MemoryError, RuntimeError) as e:  # RuntimeError: a device allocator's refusal
+            raise InputError(
+                f"cannot allocate a KV cache of {rows} x {capacity} positions "
+                f"({self.nbytes / 2**20:.0f} MB) on {memory.device}: "
+                f"{str(e).splitlines()[0][:200]}",
+                fix,
+            ) from e
+        self._ptrs = [b.ptr for b in self._buffers]
+        self.lengths = np.zeros(rows, dtype=np.int64)  # valid positions per row
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.num_layers * self.rows * self.row_bytes
+
+    @property
+    def on_host(self) -> bool:
+        """Whether every buffer is in host memory (numpy can copy between rows)."""
+        return all(isinstance(b, HostBuffer) for b in self._buffers)
+
+    def buffer_addresses(self) -> tuple[int, ...]:
+        """Base address of every buffer; constant for the cache's lifetime (tests check it)."""
+        return tuple(self._ptrs)
+
+    def truncate(self, length: int, row: int = 0) -> None:
+        """Roll row `row` back to `length` valid positions. No data moves."""
+        if not 0 <= length <= self.lengths[row]:
+            raise ValueError(
+                f"cannot truncate a cache row of length {int(self.lengths[row])} to {length}"
+            )
+        self.lengths[row] = length
+
+
+class KVCache(CacheBuffers):
+    """One sequence's cache, in the layout of its graph's attention variant."""
+
     def __init__(
         self,
         num_layers: int,
@@ -35,47 +105,22 @@ class KVCache:
         memory: DeviceMemory = HOST,
         layout: str = "plain",
     ) -> None:
-        if capacity < 1:
-            raise InputError(f"cache capacity must be positive, got {capacity}")
-        self.num_layers = num_layers
-        self.kv_heads = kv_heads
-        self.head_dim = head_dim
-        self.capacity = capacity
-        self.dtype = dtype
-        self.np_dtype = NP_DTYPES[dtype]
-        self.device = memory.device
-        self.device_id = memory.device_id
         self.layout = layout
-        self.slot_bytes = kv_heads * head_dim * np.dtype(self.np_dtype).itemsize  # one position
-        self.shape = (
+        shape = (
             (1, kv_heads, capacity, head_dim)
             if layout in FULL_BUFFER
             else (1, capacity, kv_heads, head_dim)
         )
-        try:
-            self._buffers = [
-                memory.allocate(self.shape, self.np_dtype) for _ in range(2 * num_layers)
-            ]
-        except (MemoryError, RuntimeError) as e:  # RuntimeError: a device allocator's refusal
-            raise InputError(
-                f"cannot allocate a KV cache of {capacity} positions ({self.nbytes / 2**20:.0f} "
-                f"MB) on {memory.device}: {str(e).splitlines()[0][:200]}",
-                "use an artifact exported with a smaller --max-length (or a smaller profile)",
-            ) from e
-        self._ptrs = [b.ptr for b in self._buffers]
-        self._length = 0
+        fix = "use an artifact exported with a smaller --max-length (or a smaller profile)"
+        super().__init__(num_layers, kv_heads, head_dim, 1, capacity, shape, dtype, memory, fix)
 
     @property
     def length(self) -> int:
-        return self._length
+        return int(self.lengths[0])
 
     @property
     def free(self) -> int:
-        return self.capacity - self._length
-
-    @property
-    def nbytes(self) -> int:
-        return 2 * self.num_layers * self.capacity * self.slot_bytes
+        return self.capacity - self.length
 
     def key_ptr(self, layer: int, position: int = 0) -> int:
         """Address of `position` in a plain-layout buffer (the base address for gqa)."""
@@ -86,20 +131,14 @@ class KVCache:
 
     def advance(self, n: int) -> None:
         """Mark n more positions valid (after a pass wrote them)."""
-        if n < 0 or self._length + n > self.capacity:
+        if n < 0 or self.length + n > self.capacity:
             raise InputError(
-                f"cache overflow: {self._length} + {n} positions exceed capacity {self.capacity}"
+                f"cache overflow: {self.length} + {n} positions exceed capacity {self.capacity}"
             )
-        self._length += n
-
-    def truncate(self, length: int) -> None:
-        """Roll back to `length` valid positions. No data moves."""
-        if not 0 <= length <= self._length:
-            raise ValueError(f"cannot truncate a cache of length {self._length} to {length}")
-        self._length = length
+        self.lengths[0] += n
 
     def reset(self) -> None:
-        self._length = 0
+        self.lengths[0] = 0
 
     def keys(self, layer: int) -> np.ndarray:
         """The valid keys of a layer, [length, kv_heads, head_dim] (a copy for device caches)."""
@@ -111,15 +150,11 @@ class KVCache:
     def _read(self, index: int) -> np.ndarray:
         full = self._buffers[index].to_host()
         if self.layout in FULL_BUFFER:
-            return full[0, :, : self._length].transpose(1, 0, 2)
-        return full[0, : self._length]
-
-    def buffer_addresses(self) -> tuple[int, ...]:
-        """Base address of every buffer; constant for the cache's lifetime (tests check it)."""
-        return tuple(self._ptrs)
+            return full[0, :, : self.length].transpose(1, 0, 2)
+        return full[0, : self.length]
 
 
-class BatchKVCache:
+class BatchKVCache(CacheBuffers):
     """The caches of several sequences in one set of buffers, for batched graphs.
 
     Per layer one key and one value buffer [rows, kv_heads, capacity, head_dim]; row r belongs to
@@ -137,38 +172,9 @@ class BatchKVCache:
         dtype: str = "float32",
         memory: DeviceMemory = HOST,
     ) -> None:
-        if rows < 1 or capacity < 1:
-            raise InputError(
-                f"a batch cache needs rows >= 1 and capacity >= 1, got {rows}, {capacity}"
-            )
-        self.num_layers = num_layers
-        self.kv_heads = kv_heads
-        self.head_dim = head_dim
-        self.rows = rows
-        self.capacity = capacity
-        self.dtype = dtype
-        self.np_dtype = NP_DTYPES[dtype]
-        self.device = memory.device
-        self.device_id = memory.device_id
-        self.shape = (rows, kv_heads, capacity, head_dim)
-        self.row_bytes = kv_heads * capacity * head_dim * np.dtype(self.np_dtype).itemsize
-        try:
-            self._buffers = [
-                memory.allocate(self.shape, self.np_dtype) for _ in range(2 * num_layers)
-            ]
-        except (MemoryError, RuntimeError) as e:
-            raise InputError(
-                f"cannot allocate a batch KV cache of {rows} x {capacity} positions "
-                f"({self.nbytes / 2**20:.0f} MB) on {memory.device}: "
-                f"{str(e).splitlines()[0][:200]}",
-                "serve fewer sequences at once, or shorter ones",
-            ) from e
-        self._ptrs = [b.ptr for b in self._buffers]
-        self.lengths = np.zeros(rows, dtype=np.int64)  # valid positions per row
-
-    @property
-    def nbytes(self) -> int:
-        return 2 * self.num_layers * self.rows * self.row_bytes
+        shape = (rows, kv_heads, capacity, head_dim)
+        fix = "serve fewer sequences at once, or shorter ones"
+        super().__init__(num_layers, kv_heads, head_dim, rows, capacity, shape, dtype, memory, fix)
 
     def key_ptr(self, layer: int, row: int = 0) -> int:
         return self._ptrs[2 * layer] + row * self.row_bytes
@@ -180,14 +186,6 @@ class BatchKVCache:
         """The valid keys of a row, [length, kv_heads, head_dim] (a copy for device caches)."""
         full = self._buffers[2 * layer].to_host()
         return full[row, :, : int(self.lengths[row])].transpose(1, 0, 2)
-
-    def buffer_addresses(self) -> tuple[int, ...]:
-        return tuple(self._ptrs)
-
-    @property
-    def on_host(self) -> bool:
-        """Whether every buffer is in host memory (numpy can copy between rows)."""
-        return all(isinstance(b, HostBuffer) for b in self._buffers)
 
     def copy_prefix(self, source: int, row: int, length: int) -> bool:
         """Copy positions 0..length-1 of row `source` into row `row` (a prompt prefix the rows

@@ -16,24 +16,27 @@ from typing import Any
 
 import numpy as np
 
-from specx.runtime.adaptive import AdaptiveK
+from specx.runtime.artifact.contract import TOKENIZER_FILE, Manifest, ModelSpec
 from specx.runtime.backends import GraphSession, choose_providers, open_graph
-from specx.runtime.backends.ort_session import OrtSession
+from specx.runtime.backends.base import BatchedGraph
 from specx.runtime.backends.providers import check_threads
-from specx.runtime.batch_widths import WidthPlanner
-from specx.runtime.batching import BatchDecoder, single_graph
+from specx.runtime.batch.decoder import BatchDecoder
+from specx.runtime.batch.scheduler import BatchScheduler, Submission
+from specx.runtime.batch.widths import WidthPlanner
 from specx.runtime.constraint import Constraint, Grammar, GrammarTokenizer
-from specx.runtime.contract import TOKENIZER_FILE, Manifest, ModelSpec
+from specx.runtime.decode import sequence
+from specx.runtime.decode.adaptive import AdaptiveK
+from specx.runtime.decode.loop import decode_loop
+from specx.runtime.decode.policy import FixedK, KPolicy
+from specx.runtime.decode.sequence import Emit
+from specx.runtime.decode.stats import Stats
 from specx.runtime.drafters import registry
 from specx.runtime.drafters.base import Drafter
 from specx.runtime.errors import ArtifactError, InputError
-from specx.runtime.generate import FixedK, KPolicy, decode_loop
 from specx.runtime.kv_cache import KVCache
-from specx.runtime.logprobs import TokenLogprob
-from specx.runtime.scheduler import BatchScheduler, Submission
 from specx.runtime.settings import AUTO, DEFAULT_K, MAX_K, GenerationSettings
-from specx.runtime.stats import Stats
 from specx.runtime.tokenizer import TextCodec
+from specx.runtime.verification.logprobs import TokenLogprob
 
 Prompt = str | Sequence[int] | np.ndarray
 
@@ -200,7 +203,6 @@ class Pipeline:
         if not 1 <= max_batch <= 256:
             raise InputError(f"max_batch must be in 1..256, got {max_batch}")
         session = self.batched_session()
-        assert isinstance(session, OrtSession)
         limit = min(self.manifest.max_length, session.spec.max_length)
         context = context if context is not None else min(limit, 1024)
         if not 2 <= context <= limit:
@@ -209,16 +211,10 @@ class Pipeline:
                 "pass a smaller context",
             )
         self.disable_batching()
-        self._scheduler = BatchScheduler(
-            BatchDecoder(
-                session.fork(),
-                max_batch,
-                context,
-                self.manifest.special_tokens.eos_token_ids,
-                single_graph(self),
-                self.batch_pass_costs,
-            )
+        decoder = BatchDecoder(
+            session.fork(), max_batch, context, self.single_graph(), self.batch_pass_costs
         )
+        self._scheduler = BatchScheduler(decoder)
 
     def disable_batching(self) -> None:
         """Stop the batch scheduler (running batched generations end with an error)."""
@@ -251,12 +247,12 @@ class Pipeline:
         with self._lock:
             return len(self._pool.get(drafter, []))
 
-    def remember_policy(self, drafter: str, policy: KPolicy) -> None:
+    def remember_policy(self, drafter: str, policy: KPolicy, batched: bool = False) -> None:
         """Keep what a -k auto generation learned, for the next ones with this drafter (batched
-        generations under policy_memory(drafter, True): their costs are the batch's)."""
+        generations apart: their costs are the batch's, policy_memory)."""
         if isinstance(policy, AdaptiveK) and policy.history:
             with self._lock:
-                self._learned[drafter] = policy
+                self._learned[policy_memory(drafter, batched)] = policy
 
     def learned_policy(self, drafter: str) -> AdaptiveK | None:
         """What -k auto has learned with a drafter so far (later requests start from it)."""
@@ -377,83 +373,80 @@ class Pipeline:
         max_k); temperature 0 (the default) is greedy.
         """
         settings = GenerationSettings.of(settings, **options)
-        self.resolve_policy(settings)  # drafter and K are checked before the prompt
-        constraint = None if settings.grammar is None else self.constraint(settings.grammar)
-        prompt_ids = self.encode_prompt(prompt, settings.chat, settings.system)
+        ids, constraint = self.prepare(prompt, settings)
         scheduler = self._scheduler
         batched = scheduler is not None and scheduler.fits(
-            int(prompt_ids.shape[0]), settings.max_new_tokens, MAX_K
+            int(ids.shape[0]), settings.max_new_tokens, MAX_K
         )
-        policy, k_shown, drafter_name = self.resolve_policy(settings, batched)
-        stats = Stats(k=k_shown, drafter=drafter_name, adaptive=isinstance(policy, AdaptiveK))
-        result = GenerationResult("", [], prompt_ids.tolist(), stats, finished=False)
-        if settings.logprobs is not None:
-            result.logprobs = []
+        seq, result, name = self.new_sequence(ids, settings, constraint, batched)
         if scheduler is not None and batched:
-            tokens = self._submit(
-                scheduler, prompt_ids, settings, policy, drafter_name, result, constraint
-            )
+            tokens = self._submit(scheduler, seq, name)
         else:
-            tokens = self._solo(prompt_ids, settings, policy, drafter_name, result, constraint)
-        memory = policy_memory(drafter_name, batched)
-        return Generation(self._text(tokens, policy, memory, result), result)
+            tokens = self._solo(seq, name)
+        return Generation(self._text(tokens, seq, name, batched, result), result)
 
-    def _solo(
+    def prepare(
+        self, prompt: Prompt, settings: GenerationSettings
+    ) -> tuple[np.ndarray, Constraint | None]:
+        """Check a generation's drafter and K (before its prompt), compile its grammar and encode
+        its prompt: (prompt ids, the grammar's fresh matcher or None)."""
+        self.resolve_policy(settings)
+        constraint = None if settings.grammar is None else self.constraint(settings.grammar)
+        return self.encode_prompt(prompt, settings.chat, settings.system), constraint
+
+    def new_sequence(
         self,
         prompt_ids: np.ndarray,
         settings: GenerationSettings,
-        policy: KPolicy,
-        drafter_name: str,
-        result: GenerationResult,
-        constraint: Constraint | None,
-    ) -> Iterator[np.ndarray]:
+        constraint: Constraint | None = None,
+        batched: bool = False,
+        emit: Emit | None = None,
+    ) -> tuple[sequence.Sequence, GenerationResult, str]:
+        """A generation's sequence (its drafter is given when it starts), the result it fills
+        and its drafter's name. batched: it runs as a batch row (-k auto starts from what
+        batches taught it)."""
+        policy, k_shown, name = self.resolve_policy(settings, batched)
+        stats = Stats(k=k_shown, drafter=name, adaptive=isinstance(policy, AdaptiveK))
+        result = GenerationResult("", [], prompt_ids.tolist(), stats, finished=False)
+        if settings.logprobs is not None:
+            result.logprobs = []
+        seq = sequence.Sequence(
+            prompt_ids,
+            settings,
+            policy,
+            None,
+            stats,
+            self.manifest.target.vocab_size,
+            frozenset(self.manifest.special_tokens.eos_token_ids),
+            constraint,
+            result.logprobs,
+            emit,
+        )
+        return seq, result, name
+
+    def _solo(self, seq: sequence.Sequence, drafter_name: str) -> Iterator[np.ndarray]:
         """The generation alone, on a workspace of its own."""
         workspace = self._acquire(drafter_name)
+        seq.drafter = workspace.drafter
         try:
-            yield from decode_loop(
-                workspace.target,
-                workspace.cache,
-                workspace.drafter,
-                prompt_ids,
-                settings,
-                policy,
-                self.manifest.special_tokens.eos_token_ids,
-                result.stats,
-                constraint,
-                result.logprobs,
-            )
+            yield from decode_loop(workspace.target, workspace.cache, seq)
         finally:
             self._release(workspace)
 
     def _submit(
-        self,
-        scheduler: BatchScheduler,
-        prompt_ids: np.ndarray,
-        settings: GenerationSettings,
-        policy: KPolicy,
-        drafter_name: str,
-        result: GenerationResult,
-        constraint: Constraint | None,
+        self, scheduler: BatchScheduler, seq: sequence.Sequence, drafter_name: str
     ) -> Iterator[np.ndarray]:
         """The generation as a row of the shared batch (enable_batching)."""
-        drafter = self.take_drafter(drafter_name)
-        submission = Submission(
-            prompt_ids,
-            settings,
-            policy,
-            drafter,
-            result.stats,
-            release=lambda: self.give_drafter(drafter_name, drafter),
-            constraint=constraint,
-            logprobs=result.logprobs,
-        )
+        drafter = seq.drafter = self.take_drafter(drafter_name)
+        submission = Submission(seq, release=lambda: self.give_drafter(drafter_name, drafter))
         yield from scheduler.submit(submission).tokens()
 
     def _text(
         self,
         tokens: Iterator[np.ndarray],
-        policy: KPolicy,
-        memory: str,
+        seq: sequence.Sequence,
+        drafter_name: str,
+        batched: bool,
         result: GenerationResult,
     ) -> Iterator[str]:
         decoder = self.codec.stream_decoder()
@@ -474,7 +467,7 @@ class Pipeline:
             if not result.finished:
                 result.text += decoder.flush()
                 result.stats.stop_reason = result.stats.stop_reason or "interrupted"
-            self.remember_policy(memory, policy)
+            self.remember_policy(drafter_name, seq.policy, batched)
 
     def generate(
         self, prompt: Prompt, settings: GenerationSettings | None = None, **options: Any
@@ -486,7 +479,7 @@ class Pipeline:
         return generation.result
 
     # -- batched generation -----------------------------------------------------------------
-    def batched_session(self) -> GraphSession:
+    def batched_session(self) -> BatchedGraph:
         """The target's batched graph (several sequences per pass), opened on first use."""
         spec = self.manifest.batched
         if spec is None:
@@ -497,7 +490,19 @@ class Pipeline:
         with self._lock:
             if spec.graph not in self._drafts:
                 self._drafts[spec.graph] = self._open(spec)
-            return self._drafts[spec.graph]
+            session = self._drafts[spec.graph]
+        graph = session.batched()
+        if graph is None:
+            raise InputError(
+                f"the {type(session).__name__} backend runs no batched passes",
+                "batch with ONNX Runtime (--provider cpu or cuda)",
+            )
+        return graph
+
+    def single_graph(self) -> BatchedGraph | None:
+        """A fork of the target's own graph for the batch passes it can take (gqa graphs)."""
+        graph = self.target.batched()
+        return graph.fork() if graph is not None and graph.spec.attention == "gqa" else None
 
     def generate_batch(
         self,
@@ -512,7 +517,7 @@ class Pipeline:
         `settings` is one GenerationSettings for all prompts or one per prompt; each sequence's
         output is what `generate` gives it alone. `on_tokens(i, ids)` is called with prompt i's
         tokens as each step commits them (streaming)."""
-        from specx.runtime.batch_run import run_batch
+        from specx.runtime.batch.run import run_batch
 
         if isinstance(settings, Sequence):
             if len(settings) != len(prompts):

@@ -13,8 +13,8 @@ from typing import Any
 
 from specx.runtime.constraint import Grammar
 from specx.runtime.errors import InputError
-from specx.runtime.logprobs import check_top
-from specx.runtime.sampling import SamplingParams
+from specx.runtime.verification.logprobs import check_top
+from specx.runtime.verification.sampling import SamplingParams
 
 MAX_K = 16  # the widest verify pass any artifact is asked for is MAX_K + 1 tokens
 DEFAULT_K = 4  # K when neither the run nor the artifact's profile says

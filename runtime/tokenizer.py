@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from specx.runtime.contract import SpecialTokens
+from specx.runtime.artifact.contract import SpecialTokens
 from specx.runtime.errors import ArtifactError, InputError
 
 REPLACEMENT_CHAR = "\ufffd"

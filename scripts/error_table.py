@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def specx(*args: str, stdin_bytes: bytes | None = None) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
-        [sys.executable, "-m", "specx.apps.cli", *args],
+        [sys.executable, "-m", "specx.apps.cli.main", *args],
         input=stdin_bytes,
         capture_output=True,
         timeout=600,
@@ -266,7 +266,7 @@ def main() -> int:
             [
                 sys.executable,
                 "-m",
-                "specx.apps.cli",
+                "specx.apps.cli.main",
                 "export",
                 "--target",
                 str(target),
@@ -294,7 +294,7 @@ def main() -> int:
         )
         command = ["run", str(long_art), "-p", "The cat", "-n", "4000", "-k", "0", "--threads", "1"]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "specx.apps.cli", *command],
+            [sys.executable, "-m", "specx.apps.cli.main", *command],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

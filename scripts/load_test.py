@@ -91,7 +91,7 @@ def main() -> int:
         [
             sys.executable,
             "-m",
-            "specx.apps.cli",
+            "specx.apps.cli.main",
             "serve",
             str(args.artifact),
             "--port",

@@ -46,7 +46,7 @@ def _session(bits: int, zero: str, accuracy: int, w: np.ndarray):
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from specx.exporter.blocks import quantize_float
+    from specx.exporter.weights.blocks import quantize_float
 
     b, scales, zp = quantize_float(w, bits, 32).packed()
     inits = [numpy_helper.from_array(b, "B"), numpy_helper.from_array(scales, "s")]
@@ -119,8 +119,8 @@ def step_profile(artifact: Path, steps: int = 20) -> None:
     """ONNX Runtime's profile of `steps` one-token target passes after a 128-token prefill."""
     import onnxruntime as ort
 
+    from specx.runtime.artifact.contract import Manifest
     from specx.runtime.backends import OrtSession
-    from specx.runtime.contract import Manifest
 
     spec = Manifest.read(artifact).target
     prefix = str(Path(tempfile.mkdtemp()) / "step")
@@ -233,9 +233,9 @@ def floor(artifact: Path) -> None:
     import onnxruntime as ort
 
     from specx.apps.bench.floor import read_bandwidth
+    from specx.runtime.artifact.contract import Manifest
     from specx.runtime.backends import OrtSession
     from specx.runtime.backends.ort_session import session_options
-    from specx.runtime.contract import Manifest
 
     manifest = Manifest.read(artifact)
     folder = Path(tempfile.mkdtemp())

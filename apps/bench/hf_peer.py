@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from specx.exporter.load import load_source
-from specx.runtime.contract import Manifest
+from specx.exporter.weights.load import load_source
+from specx.runtime.artifact.contract import Manifest
 
 
 def _timed_generate(

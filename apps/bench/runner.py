@@ -35,8 +35,8 @@ from specx.runtime.backends import GraphSession
 from specx.runtime.backends.providers import check_threads
 from specx.runtime.drafters.registry import benchmark_drafters
 from specx.runtime.errors import InputError
-from specx.runtime.sampling import VERIFICATIONS
 from specx.runtime.settings import MAX_K
+from specx.runtime.verification.sampling import VERIFICATIONS
 
 Progress = Callable[[str], None]
 

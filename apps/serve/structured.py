@@ -24,7 +24,7 @@ from typing import Any
 
 from specx.apps.serve.errors import RequestError
 from specx.runtime import Grammar, TokenLogprob
-from specx.runtime.logprobs import MAX_TOP_LOGPROBS
+from specx.runtime.verification.logprobs import MAX_TOP_LOGPROBS
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions API's limit

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specx.runtime import InputError
-from specx.runtime.contract import Manifest
+from specx.runtime.artifact.contract import Manifest
 
 INPUTS = (
     ("text_input", "TYPE_STRING", False),

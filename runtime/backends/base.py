@@ -14,6 +14,8 @@ A backend (ONNX Runtime on the CPU or CUDA, TensorRT) implements ``GraphSession`
     forward_head(...)        a feature draft's pass (its graph takes features or its own hidden
                              states besides the tokens); backends that cannot run one refuse
     pair_id                  the export the graph belongs to, as the graph itself records it
+    batched()                this graph's passes over the rows of a batch cache (BatchedGraph),
+                             or None where the backend or the graph declines them
 
 Everything a backend shares with the others is written here once: cache creation against the
 graph's capacity, the bounds check of a pass, prefill in chunks.
@@ -24,16 +26,49 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
-from specx.runtime.contract import ModelSpec
+from specx.runtime.artifact.contract import ModelSpec
 from specx.runtime.errors import InputError, ProviderError
-from specx.runtime.kv_cache import KVCache
+from specx.runtime.kv_cache import BatchKVCache, KVCache
 from specx.runtime.memory import DeviceMemory
 
 # Prompt tokens per pass: bounds the logits buffer ([chunk, vocab]) and the attention scratch.
 DEFAULT_CHUNK = 128
+
+
+class BatchedGraph(Protocol):
+    """A graph's passes over several rows of a BatchKVCache, each row at its own length: what
+    batching (batch/) and shared draft passes (drafters/shared_passes.py) run. A backend
+    offers it through GraphSession.batched, or declines."""
+
+    spec: ModelSpec
+    path: Path
+    max_chunk: int
+    passes: int
+    last_features: np.ndarray | None  # [rows, seq, F] of the last pass, if the graph has them
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def fork(self) -> BatchedGraph:
+        """A handle sharing the loaded graph, with its own bindings and output buffers."""
+        ...
+
+    def new_batch_cache(self, rows: int, capacity: int) -> BatchKVCache:
+        """Caches for `rows` sequences of up to `capacity` positions, in this graph's memory."""
+        ...
+
+    def forward_rows(
+        self, tokens: np.ndarray, counts: np.ndarray, cache: BatchKVCache, first_row: int = 0
+    ) -> np.ndarray:
+        """One pass over cache rows first_row .. first_row + batch - 1: tokens [batch, seq],
+        row b's counts[b] real tokens then padding, at positions lengths[row] ..; each row's
+        length grows by its count. Returns logits [batch, seq, vocab], a view the next call
+        overwrites."""
+        ...
 
 
 class GraphSession(ABC):
@@ -85,6 +120,10 @@ class GraphSession(ABC):
     @abstractmethod
     def fork(self) -> GraphSession:
         """A handle sharing the loaded graph, with its own bindings and output buffers."""
+
+    def batched(self) -> BatchedGraph | None:
+        """This graph's passes over batch rows (BatchedGraph); None: the backend declines."""
+        return None
 
     def new_cache(self, capacity: int) -> KVCache:
         s = self.spec

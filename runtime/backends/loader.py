@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from specx.runtime.artifact.contract import Manifest, ModelSpec
 from specx.runtime.backends.base import GraphSession
 from specx.runtime.backends.ort_session import OrtSession
-from specx.runtime.contract import Manifest, ModelSpec
 from specx.runtime.errors import ArtifactError
 
 

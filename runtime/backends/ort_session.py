@@ -19,14 +19,14 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from specx.runtime import contract
+from specx.runtime.artifact import contract
+from specx.runtime.artifact.contract import ModelSpec
+from specx.runtime.artifact.requirements import min_onnxruntime, release
 from specx.runtime.backends.base import DEFAULT_CHUNK, GraphSession
 from specx.runtime.backends.providers import GPU_PROVIDERS, check_threads, resolve_providers
-from specx.runtime.contract import ModelSpec
 from specx.runtime.errors import ArtifactError, InputError, ProviderError
 from specx.runtime.kv_cache import NP_DTYPES, BatchKVCache, KVCache
 from specx.runtime.memory import HOST, DeviceMemory
-from specx.runtime.requirements import min_onnxruntime, release
 
 ORT_TYPES = {
     "tensor(int64)": "int64",
@@ -98,7 +98,7 @@ def bind_cache(
     """Bind each layer's cache tensors for a pass of `seq` tokens after `past` valid ones:
     plain layout, past = the valid prefix of each buffer and new = the slots right after it;
     full-buffer layouts, past and present = the same whole buffer. `inputs` / `outputs`: bind
-    only these names (a graph holding part of the layers: exporter/check_parts.py)."""
+    only these names (a graph holding part of the layers: exporter/checks/parts.py)."""
     full = cache.layout in contract.FULL_BUFFER
     dev, dev_id, dt = cache.device, cache.device_id, cache.np_dtype
     past_shape = list(cache.shape) if full else [1, past, cache.kv_heads, cache.head_dim]
@@ -489,6 +489,12 @@ class OrtSession(GraphSession):
         if features:
             self.last_features = self._batch_features[:need].reshape(batch, seq, features)
         return self._batch_logits[:need].reshape(batch, seq, self.vocab_size)
+
+    def batched(self) -> OrtSession | None:
+        """Batched graphs take any pass over rows; gqa graphs (same cache layout) the passes
+        GroupQueryAttention runs over rows of different lengths (forward_rows); plain graphs
+        none."""
+        return self if self.spec.attention in ("batched", "gqa") else None
 
     def new_batch_cache(self, rows: int, capacity: int) -> BatchKVCache:
         s = self.spec

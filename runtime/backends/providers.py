@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import onnxruntime as ort
 
-from specx.runtime.contract import Manifest
+from specx.runtime.artifact.contract import Manifest
 from specx.runtime.errors import InputError, ProviderError
 
 PROVIDER_ALIASES = {

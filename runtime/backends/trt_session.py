@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from specx.runtime import contract
+from specx.runtime.artifact import contract
+from specx.runtime.artifact.contract import ModelSpec
 from specx.runtime.backends.base import GraphSession
 from specx.runtime.backends.cuda import CudaMemory, DeviceBuffer, compute_capability
-from specx.runtime.contract import ModelSpec
 from specx.runtime.errors import ArtifactError, ProviderError
 from specx.runtime.kv_cache import KVCache
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 
 from specx.runtime.backends.base import GraphSession
-from specx.runtime.sampling import PositionNoise, SamplingParams
+from specx.runtime.verification.sampling import PositionNoise, SamplingParams
 
 if TYPE_CHECKING:
     from specx.runtime.drafters.shared_passes import DraftRows
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 # Where a proposal comes from; -k auto keeps its estimates per source.
 MODEL = "model"  # a draft model: a pass per drafted token
 # a lookup in the text so far: free, and needs no commit (a step that drafts nothing may ask it
-# for one token to learn its acceptance: generate.lookup_guess). A lookup's source is named by
+# for one token to learn its acceptance: sequence.lookup_guess). A lookup's source is named by
 # how many of the context's last tokens matched (lookup_source): a continuation found after a
 # 3-token match is right several times as often as one after a single token
 # (docs/bench/measurements.md)

@@ -22,7 +22,7 @@ from specx.runtime.backends.base import GraphSession
 from specx.runtime.drafters.base import EMPTY, MODEL, NONE, DraftPlan, DraftRequest, Proposal
 from specx.runtime.drafters.model import DraftChain, pick_token
 from specx.runtime.errors import InputError
-from specx.runtime.sampling import PositionNoise, SamplingParams
+from specx.runtime.verification.sampling import PositionNoise, SamplingParams
 
 
 class EagleDrafter:

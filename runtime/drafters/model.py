@@ -30,7 +30,7 @@ from specx.runtime.drafters.base import (
     Proposal,
     ProposalSteps,
 )
-from specx.runtime.sampling import (
+from specx.runtime.verification.sampling import (
     DRAFT,
     PositionNoise,
     SamplingParams,

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from specx.runtime.artifact.contract import Manifest, ModelSpec
 from specx.runtime.backends.base import GraphSession
-from specx.runtime.contract import Manifest, ModelSpec
 from specx.runtime.drafters.base import Drafter
 from specx.runtime.drafters.eagle import EagleDrafter
 from specx.runtime.drafters.hybrid import PREFIX, HybridDrafter

@@ -23,15 +23,9 @@ from time import perf_counter
 
 import numpy as np
 
-from specx.runtime.backends.base import GraphSession
-from specx.runtime.backends.ort_session import OrtSession
+from specx.runtime.backends.base import BatchedGraph
 from specx.runtime.drafters.base import Proposal, ProposalSteps
 from specx.runtime.kv_cache import BatchKVCache
-
-
-def can_share_passes(session: GraphSession) -> bool:
-    """Whether a draft graph takes one-token passes over rows of a batch cache."""
-    return isinstance(session, OrtSession) and session.spec.attention in ("gqa", "batched")
 
 
 @dataclass
@@ -48,7 +42,7 @@ class DraftRows:
     CATCHUP_SHARED = 1  # catch-up tokens a row feeds in shared passes; more: alone, in chunks
     SHARED_PREFIX_MIN = 8  # prompt tokens worth copying from another row instead of computing
 
-    def __init__(self, session: OrtSession, rows: int, capacity: int) -> None:
+    def __init__(self, session: BatchedGraph, rows: int, capacity: int) -> None:
         self.session = session  # a fork: its own bindings and logits buffers
         self.cache: BatchKVCache = session.new_batch_cache(rows, capacity)
         # [rows, capacity] the tokens each row's cache holds (positions 0 .. length - 1)

@@ -27,10 +27,10 @@ import numpy as np
 
 from specx.apps.bench import load_workloads, pass_times
 from specx.runtime import Pipeline
-from specx.runtime.adaptive import CONFIDENCE_EDGES, AdaptiveK
+from specx.runtime.decode.adaptive import CONFIDENCE_EDGES, AdaptiveK
+from specx.runtime.decode.policy import StepResult
 from specx.runtime.drafters import MODEL, DraftRequest, ModelDrafter
-from specx.runtime.generate import StepResult
-from specx.runtime.sampling import PositionNoise, SamplingParams, top_probability
+from specx.runtime.verification.sampling import PositionNoise, SamplingParams, top_probability
 
 DEPTH = 8  # draft tokens recorded per position
 FIXED_KS = (1, 2, 3, 4, 6)

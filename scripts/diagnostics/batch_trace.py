@@ -33,7 +33,7 @@ from specx.apps.bench.concurrency import (
 )
 from specx.apps.bench.runner import load_workloads
 from specx.runtime import Pipeline
-from specx.runtime.batch_widths import Expected, WidthPlanner
+from specx.runtime.batch.widths import Expected, WidthPlanner
 from specx.runtime.settings import GenerationSettings
 
 # (rows, drafted) -> [steps, expected tokens, expected s, tokens, s], since the last clear()

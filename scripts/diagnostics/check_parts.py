@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def passes(vocab: int, text: int, k: int) -> list:
-    from specx.exporter.check import parity_passes, text_passes
+    from specx.exporter.checks.parity import parity_passes, text_passes
 
     rng = np.random.default_rng(0)
     ids = rng.integers(0, vocab, size=12 + k + 2).astype(np.int64)
@@ -31,8 +31,8 @@ def passes(vocab: int, text: int, k: int) -> list:
 
 def measure(artifact: Path, graph: str, part_bytes: int, text: int, k: int, out: Path) -> None:
     """One way, in this process: logits to `out` (.npy), figures as JSON on stdout."""
-    from specx.exporter.check import run_passes
-    from specx.runtime.contract import Manifest
+    from specx.exporter.checks.parity import run_passes
+    from specx.runtime.artifact.contract import Manifest
 
     manifest = Manifest.from_json(json.loads((artifact / "manifest.json").read_text()))
     spec = next(s for s in (manifest.target, *manifest.drafts) if s.graph == graph)

@@ -19,10 +19,10 @@ import time
 
 import numpy as np
 
-from specx.exporter.distill import _progress, default_taps
-from specx.exporter.distill_data import generate_answers, record_target, shipped_prompts
-from specx.exporter.distill_generate import RuntimeGenerator
-from specx.exporter.load import eos_token_ids, load_source
+from specx.exporter.heads.distill.data import generate_answers, record_target, shipped_prompts
+from specx.exporter.heads.distill.generate import RuntimeGenerator
+from specx.exporter.heads.distill.run import _progress, default_taps
+from specx.exporter.weights.load import eos_token_ids, load_source
 
 
 def main() -> None:

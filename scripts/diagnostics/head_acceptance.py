@@ -40,12 +40,16 @@ def measure(
     import torch
 
     from specx.apps.bench.runner import load_workloads
-    from specx.exporter.distill import _progress, default_taps
-    from specx.exporter.distill_data import Prompt, load_sequences
-    from specx.exporter.distill_generate import RuntimeGenerator
-    from specx.exporter.distill_train import chain_acceptance, tokens_per_pass, true_token_ranks
-    from specx.exporter.feature_head import build_head, read_head
-    from specx.exporter.load import eos_token_ids, load_source, model_vocab_size
+    from specx.exporter.heads.distill.data import Prompt, load_sequences
+    from specx.exporter.heads.distill.generate import RuntimeGenerator
+    from specx.exporter.heads.distill.run import _progress, default_taps
+    from specx.exporter.heads.distill.train import (
+        chain_acceptance,
+        tokens_per_pass,
+        true_token_ranks,
+    )
+    from specx.exporter.heads.feature_head import build_head, read_head
+    from specx.exporter.weights.load import eos_token_ids, load_source, model_vocab_size
 
     src = load_source(target, lambda _m: None)
     layers = int(src.config.num_hidden_layers)

@@ -24,7 +24,7 @@ from specx.apps.bench.concurrency import together_batches
 from specx.apps.bench.runner import load_workloads
 from specx.runtime import Pipeline
 from specx.runtime.backends.ort_session import use_global_thread_pool
-from specx.runtime.batch_widths import WidthPlanner
+from specx.runtime.batch.widths import WidthPlanner
 from specx.runtime.settings import GenerationSettings
 
 # mode -> (rows, width) -> [passes, seconds]

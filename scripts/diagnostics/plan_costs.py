@@ -6,7 +6,7 @@
 Runs the chat workload's first five prompts with -k auto through `Pipeline.generate_batch`
 (`--concurrency` rows, 64 new tokens; two batches to warm up, then `--batches` batches) and
 prints, from timers wrapped around them in place:
-- microseconds per call of a batch step, of deciding one row's K (`BatchDecoder._decide`), of
+- microseconds per call of a batch step, of deciding one row's K (`Sequence.decide`), of
   planning a step (`WidthPlanner.plan`) and of a drafter's `source` (its n-gram lookup); how
   many steps were steps of a plain run, which are not planned (`WidthPlanner.PLAIN_MOST`);
 - per row count, the plan searches (`Plans.search`) of the measured batches: how many, how many
@@ -32,9 +32,10 @@ from typing import Any
 from specx.apps.bench.runner import load_workloads
 from specx.runtime import Pipeline
 from specx.runtime.backends.ort_session import use_global_thread_pool
-from specx.runtime.batch_plans import Plans
-from specx.runtime.batch_widths import WidthPlanner
-from specx.runtime.batching import BatchDecoder
+from specx.runtime.batch.decoder import BatchDecoder
+from specx.runtime.decode.sequence import Sequence
+from specx.runtime.batch.plans import Plans
+from specx.runtime.batch.widths import WidthPlanner
 from specx.runtime.drafters.hybrid import HybridDrafter
 
 spent: defaultdict[str, list[float]] = defaultdict(list)  # part -> seconds of each call
@@ -90,7 +91,7 @@ def main() -> None:
     if args.plain_most is not None:
         WidthPlanner.PLAIN_MOST = args.plain_most
     timed(BatchDecoder, "step", "step")
-    timed(BatchDecoder, "_decide", "deciding a row")
+    timed(Sequence, "decide", "deciding a row")
     timed(WidthPlanner, "plan", "planning a step")
     timed(HybridDrafter, "source", "a drafter's source")
     Plans.search = recorded_search(Plans.search)  # type: ignore[method-assign]

@@ -33,9 +33,10 @@ import onnxruntime as ort
 from specx.apps.bench.concurrency import together_batches
 from specx.apps.bench.runner import load_workloads
 from specx.apps.bench.timing import median_ms
-from specx.runtime import Pipeline, contract
-from specx.runtime.batch_widths import WidthPlanner
-from specx.runtime.batching import BatchDecoder
+from specx.runtime import Pipeline
+from specx.runtime.artifact import contract
+from specx.runtime.batch.decoder import BatchDecoder
+from specx.runtime.batch.widths import WidthPlanner
 from specx.runtime.settings import GenerationSettings
 
 PARTS = ("step", "onnxruntime", "planner")

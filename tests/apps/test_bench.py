@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from conftest import TinyPair, load_script, needs_exporter
 from specx.apps.bench.report import adaptive_vs_fixed
-from specx.apps.cli import main
+from specx.apps.cli.main import main
 
 pytestmark = needs_exporter
 

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import TinyPair, needs_exporter
-from specx.apps.cli import main
+from specx.apps.cli.main import main
 
 pytestmark = needs_exporter
 
@@ -21,7 +21,7 @@ pytestmark = needs_exporter
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "SPECX_THREAD_POOL"}  # the CLI default
     return subprocess.run(
-        [sys.executable, "-m", "specx.apps.cli", *args],
+        [sys.executable, "-m", "specx.apps.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -141,7 +141,7 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
 
 def test_a_closed_pipe_ends_quietly() -> None:
     proc = subprocess.run(
-        f"{sys.executable} -m specx.apps.cli profiles | head -1",
+        f"{sys.executable} -m specx.apps.cli.main profiles | head -1",
         shell=True,
         capture_output=True,
         text=True,

@@ -11,7 +11,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from conftest import TinyPair, needs_exporter
-from specx.apps.cli import main
+from specx.apps.cli.main import main
 
 pytestmark = needs_exporter
 
@@ -106,7 +106,7 @@ def test_ctrl_c_prints_what_was_generated_and_the_stats_then_exits_130(
         [
             sys.executable,
             "-m",
-            "specx.apps.cli",
+            "specx.apps.cli.main",
             "run",
             str(long_pair.artifact),
             "-p",

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import TinyPair, needs_exporter
-from specx.apps.cli import main
+from specx.apps.cli.main import main
 
 pytestmark = needs_exporter
 

@@ -25,7 +25,7 @@ import click
 import pytest
 
 from conftest import needs_exporter
-from specx.apps.cli import main
+from specx.apps.cli.main import main
 
 pytestmark = needs_exporter
 
@@ -127,7 +127,7 @@ def _scratch(folder: Path) -> None:
         folder / "scripts" / "fetch_qwen_coder.sh", f"#!/bin/sh\necho {draft}\necho {target}\n"
     )
     _executable(
-        folder / "bin" / "specx", f'#!/bin/sh\nexec {sys.executable} -m specx.apps.cli "$@"\n'
+        folder / "bin" / "specx", f'#!/bin/sh\nexec {sys.executable} -m specx.apps.cli.main "$@"\n'
     )
     activate = folder / ".venv" / "bin" / "activate"
     activate.parent.mkdir(parents=True)

@@ -21,7 +21,7 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from specx.apps.cli import main  # noqa: E402
+from specx.apps.cli.main import main  # noqa: E402
 
 pytestmark = needs_exporter
 

@@ -19,8 +19,8 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
 from specx.runtime import Grammar, Pipeline  # noqa: E402
-from specx.runtime.logprobs import log_distribution  # noqa: E402
-from specx.runtime.sampling import SamplingParams  # noqa: E402
+from specx.runtime.verification.logprobs import log_distribution  # noqa: E402
+from specx.runtime.verification.sampling import SamplingParams  # noqa: E402
 
 pytestmark = [needs_exporter, pytest.mark.usefixtures("short_whitespace")]
 

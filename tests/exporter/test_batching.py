@@ -1,4 +1,4 @@
-"""Batched speculative decoding: several sequences in one target pass (runtime/batching.py).
+"""Batched speculative decoding: several sequences in one target pass (runtime/batch/decoder.py).
 
 Each sequence of a batch must decode exactly as it would alone: greedy output equal to
 transformers' own greedy output (up to float near-ties, tests/reference.py), seeded sampling equal
@@ -68,6 +68,27 @@ def _ids(pipe: Pipeline, prompt: str) -> np.ndarray:
     return pipe.encode_prompt(prompt)
 
 
+def _seq(
+    pipe: Pipeline,
+    ids: np.ndarray,
+    settings: Any,
+    policy: Any = None,
+    drafter: Any = None,
+    emit: Any = None,
+    eos: Any = None,
+) -> Any:
+    """A sequence for a batch row (FixedK(0), no drafter, the artifact's end tokens unless
+    told otherwise)."""
+    from specx.runtime.decode.policy import FixedK
+    from specx.runtime.decode.sequence import Sequence
+    from specx.runtime.decode.stats import Stats
+
+    vocab = pipe.manifest.target.vocab_size
+    ends = pipe.manifest.special_tokens.eos_token_ids if eos is None else eos
+    policy = FixedK(0) if policy is None else policy
+    return Sequence(ids, settings, policy, drafter, Stats(), vocab, frozenset(ends), emit=emit)
+
+
 def test_a_batched_export_records_its_graph_and_checks_two_rows_at_different_lengths(
     llama: Any,
 ) -> None:
@@ -83,7 +104,7 @@ def test_a_batched_export_records_its_graph_and_checks_two_rows_at_different_len
     model = onnx.load(str(artifact / spec.graph), load_external_data=False)
     assert {o.domain: o.version for o in model.opset_import}[""] == 24
     assert pipe.manifest.target.attention == "gqa"  # single sequences keep the fast graph
-    from specx.runtime.facts import artifact_facts
+    from specx.runtime.artifact.facts import artifact_facts
 
     facts = artifact_facts(pipe.manifest)
     assert facts["batched"]["min_onnxruntime"] == "1.26"  # TensorScatter, measured
@@ -153,39 +174,26 @@ def test_gpt2_exports_a_batched_graph_too(tmp_path: Path, tokenizer: Any) -> Non
 
 
 def test_rows_join_and_leave_and_several_share_each_pass(llama: Any) -> None:
-    from specx.runtime.batching import BatchDecoder
-    from specx.runtime.generate import FixedK
-    from specx.runtime.stats import Stats
+    from specx.runtime.batch.decoder import BatchDecoder
 
     artifact, _ = llama
     pipe = Pipeline.load(artifact)
     session = pipe.batched_session()
-    decoder = BatchDecoder(session.fork(), 2, 96, pipe.manifest.special_tokens.eos_token_ids)
+    decoder = BatchDecoder(session.fork(), 2, 96)
     emitted: dict[int, list[int]] = {0: [], 1: [], 2: []}
     seqs = {}
     for i, n in ((0, 5), (1, 12)):
-        seqs[i] = decoder.add(
-            _ids(pipe, PROMPTS[i]),
-            pipe_settings(max_new_tokens=n),
-            FixedK(0),
-            None,
-            Stats(),
-            emitted[i].extend,
-        )
+        settings = pipe_settings(max_new_tokens=n)
+        ids = _ids(pipe, PROMPTS[i])
+        seqs[i] = decoder.add(_seq(pipe, ids, settings, emit=emitted[i].extend))
     assert decoder.free_rows == 0
     with pytest.raises(InputError, match="busy"):
-        decoder.add(_ids(pipe, PROMPTS[2]), pipe_settings(), FixedK(0), None, Stats())
+        decoder.add(_seq(pipe, _ids(pipe, PROMPTS[2]), pipe_settings()))
     while not seqs[0].done:
         decoder.step()
     assert decoder.free_rows == 1 and not seqs[1].done  # row 0 left, row 1 goes on
-    seqs[2] = decoder.add(
-        _ids(pipe, PROMPTS[2]),
-        pipe_settings(max_new_tokens=4),
-        FixedK(0),
-        None,
-        Stats(),
-        emitted[2].extend,
-    )
+    settings = pipe_settings(max_new_tokens=4)
+    seqs[2] = decoder.add(_seq(pipe, _ids(pipe, PROMPTS[2]), settings, emit=emitted[2].extend))
     decoder.run()
     assert max(decoder.rows_per_pass) == 2
     for i, n in ((0, 5), (1, 12), (2, 4)):
@@ -224,7 +232,7 @@ def test_a_batch_plans_for_its_last_row_only_once_no_prompt_waits_for_a_row(
     """generate_batch's caller gets every result at once: once no prompt waits for a free row,
     -k auto is told the most tokens any row has left (the rows that finish the batch); while
     prompts wait, and for the threads of a batching pipeline, nothing (each row counts)."""
-    from specx.runtime.batch_widths import WidthPlanner
+    from specx.runtime.batch.widths import WidthPlanner
 
     told: list[int | None] = []
     plan = WidthPlanner.plan
@@ -391,7 +399,7 @@ def first_two_distribution(model: Any, params: Any, eos: int) -> dict[tuple[int,
     """P(first two generated tokens) under the target alone, from the source model."""
     import torch
 
-    from specx.runtime.sampling import warp
+    from specx.runtime.verification.sampling import warp
 
     with torch.no_grad():
         first = model(torch.from_numpy(SMALL_PROMPT)[None]).logits[0, -1].numpy()
@@ -441,9 +449,9 @@ def test_the_batched_chi_square_catches_a_broken_verifier(
     small_batched: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The negative control: a verifier that accepts every draft token fails the same test."""
-    import specx.runtime.generate as generate
+    import specx.runtime.verification.verifier as generate
     from specx.runtime import SamplingParams
-    from specx.runtime.sampling import race
+    from specx.runtime.verification.sampling import race
     from stats_tools import chi_square_p_value
 
     def accept_everything(draft: np.ndarray, p_target: np.ndarray, e: Any) -> tuple[int, int]:
@@ -458,23 +466,18 @@ def test_the_batched_chi_square_catches_a_broken_verifier(
 
 
 def test_a_long_prompt_joins_in_chunks_while_the_others_decode(llama: Any) -> None:
-    from specx.runtime.batching import BatchDecoder, single_graph
-    from specx.runtime.generate import FixedK
-    from specx.runtime.stats import Stats
+    from specx.runtime.batch.decoder import BatchDecoder
 
     artifact, _ = llama
     pipe = Pipeline.load(artifact)
-    eos = pipe.manifest.special_tokens.eos_token_ids
-    decoder = BatchDecoder(pipe.batched_session().fork(), 2, 128, eos, single_graph(pipe))
-    short = decoder.add(
-        _ids(pipe, PROMPTS[1]), pipe_settings(max_new_tokens=20), FixedK(0), None, Stats()
-    )
+    decoder = BatchDecoder(pipe.batched_session().fork(), 2, 128, pipe.single_graph())
+    short = decoder.add(_seq(pipe, _ids(pipe, PROMPTS[1]), pipe_settings(max_new_tokens=20)))
     decoder.step()
     long_prompt = np.concatenate([_ids(pipe, p) for p in PROMPTS])[:100]
-    long = decoder.add(long_prompt, pipe_settings(max_new_tokens=8), FixedK(0), None, Stats())
+    long = decoder.add(_seq(pipe, long_prompt, pipe_settings(max_new_tokens=8)))
     before = len(short.tokens)
     decoder.step()  # the first 64 prompt tokens of the long row, and a decode step of the short
-    assert len(short.tokens) == before + 1 and long.prefilled == decoder.PREFILL_CHUNK
+    assert len(short.tokens) == before + 1 and long.prefilled == decoder.prompts.PREFILL_CHUNK
     assert decoder.active == [short]
     decoder.run()
     assert short.tokens == pipe.generate(PROMPTS[1], max_new_tokens=20, k=0).token_ids
@@ -492,7 +495,7 @@ def test_rows_drafting_together_propose_what_each_would_alone_in_fewer_passes(
     from specx.runtime.drafters.base import DraftRequest
     from specx.runtime.drafters.model import ModelDrafter
     from specx.runtime.drafters.shared_passes import DraftRows, RowSteps
-    from specx.runtime.sampling import PositionNoise, SamplingParams
+    from specx.runtime.verification.sampling import PositionNoise, SamplingParams
 
     artifact, _ = llama
     pipe = Pipeline.load(artifact)
@@ -542,18 +545,16 @@ def test_rows_drafting_together_propose_what_each_would_alone_in_fewer_passes(
 def test_a_batch_shares_its_draft_models_passes_and_unbinds_its_drafters(llama: Any) -> None:
     """Rows drafting with the same draft model share its passes; each decodes as alone, and
     once done its drafter works alone again (its own cache)."""
-    from specx.runtime.batching import BatchDecoder
-    from specx.runtime.generate import FixedK
-    from specx.runtime.stats import Stats
+    from specx.runtime.batch.decoder import BatchDecoder
+    from specx.runtime.decode.policy import FixedK
 
     artifact, _ = llama
     pipe = Pipeline.load(artifact)
-    decoder = BatchDecoder(
-        pipe.batched_session().fork(), 3, 96, pipe.manifest.special_tokens.eos_token_ids
-    )
+    decoder = BatchDecoder(pipe.batched_session().fork(), 3, 96)
     drafters = [pipe.new_drafter("mixed") for _ in range(3)]
+    settings = pipe_settings(max_new_tokens=20)
     seqs = [
-        decoder.add(_ids(pipe, PROMPTS[i]), pipe_settings(max_new_tokens=20), FixedK(3), d, Stats())
+        decoder.add(_seq(pipe, _ids(pipe, PROMPTS[i]), settings, FixedK(3), d))
         for i, d in enumerate(drafters)
     ]
     decoder.run()
@@ -566,7 +567,7 @@ def test_a_batch_shares_its_draft_models_passes_and_unbinds_its_drafters(llama: 
         assert s.draft_rows is None
     # back on its own cache: the drafter proposes alone as a fresh one does
     from specx.runtime.drafters.base import DraftRequest
-    from specx.runtime.sampling import PositionNoise, SamplingParams
+    from specx.runtime.verification.sampling import PositionNoise, SamplingParams
 
     request = DraftRequest(SamplingParams(), PositionNoise(0, pipe.manifest.target.vocab_size))
     fresh = pipe.new_drafter("mixed")
@@ -602,19 +603,15 @@ def test_rows_joining_together_read_their_prompts_in_one_pass_after_a_shared_pre
 ) -> None:
     """Rows that join in the same step read their prompts in one batched pass; rows sharing a
     system prompt let the first compute it alone, then copy it and read the rest together."""
-    from specx.runtime.batching import BatchDecoder, single_graph
-    from specx.runtime.generate import FixedK
-    from specx.runtime.stats import Stats
+    from specx.runtime.batch.decoder import BatchDecoder
 
     artifact, _ = llama
     pipe = Pipeline.load(artifact)
-    eos = pipe.manifest.special_tokens.eos_token_ids
 
     def decoder_with(prompts: list[str]) -> tuple[BatchDecoder, list[Any]]:
-        decoder = BatchDecoder(pipe.batched_session().fork(), 3, 128, eos, single_graph(pipe))
+        decoder = BatchDecoder(pipe.batched_session().fork(), 3, 128, pipe.single_graph())
         seqs = [
-            decoder.add(_ids(pipe, p), pipe_settings(max_new_tokens=6), FixedK(0), None, Stats())
-            for p in prompts
+            decoder.add(_seq(pipe, _ids(pipe, p), pipe_settings(max_new_tokens=6))) for p in prompts
         ]
         return decoder, seqs
 
@@ -644,10 +641,7 @@ def test_rows_joining_together_read_their_prompts_in_one_pass_after_a_shared_pre
     decoder, seqs = decoder_with(prompts[:1])
     decoder.step()
     late = [system + p for p in PROMPTS[3:5]]
-    seqs += [
-        decoder.add(_ids(pipe, p), pipe_settings(max_new_tokens=6), FixedK(0), None, Stats())
-        for p in late
-    ]
+    seqs += [decoder.add(_seq(pipe, _ids(pipe, p), pipe_settings(max_new_tokens=6))) for p in late]
     decoder.step()
     assert decoder.prefill_passes == 2 and all(s.prefilled == -1 for s in seqs)
     assert min(s.stats.reused_prompt_tokens for s in seqs[1:]) >= shared
@@ -708,8 +702,8 @@ def test_the_concurrency_bench_runs_every_prompt_at_every_concurrency(
 
 
 def test_the_step_parts_script_splits_batch_steps_and_puts_back_what_it_timed(llama: Any) -> None:
-    from specx.runtime.batch_widths import WidthPlanner
-    from specx.runtime.batching import BatchDecoder
+    from specx.runtime.batch.decoder import BatchDecoder
+    from specx.runtime.batch.widths import WidthPlanner
 
     script = load_script("step_parts")
     before = (
@@ -780,7 +774,7 @@ class _NeverDrafts:
         self.steps: list[Any] = []
 
     def decide(self, source: str) -> Any:
-        from specx.runtime.generate import StepDecision
+        from specx.runtime.decode.policy import StepDecision
 
         return StepDecision(0)
 
@@ -806,34 +800,27 @@ def test_a_step_that_drafts_nothing_tells_the_policy_whether_the_lookup_was_righ
 ) -> None:
     """Alone and in a batch, a step that drafts nothing while a lookup had tokens to offer
     reports whether the lookup's first token is the one committed; no other step does."""
-    from specx.runtime.batching import BatchDecoder, single_graph
+    from specx.runtime.batch.decoder import BatchDecoder
+    from specx.runtime.decode.loop import decode_loop
     from specx.runtime.drafters.ngram import NgramDrafter
-    from specx.runtime.generate import decode_loop
-    from specx.runtime.stats import Stats
 
     artifact, _ = llama
     pipe = Pipeline.load(artifact)
     prompts = [_ids(pipe, PROMPTS[i]) for i in (4, 0)]
     alone = _NeverDrafts()
-    for _ in decode_loop(
-        pipe.target,
-        pipe.target.new_cache(pipe.manifest.max_length),
-        NgramDrafter(),
-        prompts[0],
-        pipe_settings(max_new_tokens=40),
-        alone,
-        (),
-        Stats(),
-    ):
+    settings = pipe_settings(max_new_tokens=40)
+    seq = _seq(pipe, prompts[0], settings, alone, NgramDrafter(), eos=())
+    for _ in decode_loop(pipe.target, pipe.target.new_cache(pipe.manifest.max_length), seq):
         pass
     offers = _lookup_offers(prompts[0], alone.steps)
     assert [s.lookup_first_hit for s in alone.steps] == offers
     assert set(offers) == {True, False, None}  # offers right and wrong, and none
 
-    decoder = BatchDecoder(pipe.batched_session().fork(), 2, 96, (), single_graph(pipe))
+    decoder = BatchDecoder(pipe.batched_session().fork(), 2, 96, pipe.single_graph())
     rows = [_NeverDrafts() for _ in prompts]
     for p, policy in zip(prompts, rows, strict=True):
-        decoder.add(p, pipe_settings(max_new_tokens=24), policy, NgramDrafter(), Stats())
+        settings = pipe_settings(max_new_tokens=24)
+        decoder.add(_seq(pipe, p, settings, policy, NgramDrafter(), eos=()))
     decoder.run()
     for p, policy in zip(prompts, rows, strict=True):
         offers = _lookup_offers(p, policy.steps)

@@ -8,7 +8,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from specx.exporter.blocks import CARRIED, Blocks, from_gguf, quantize_float  # noqa: E402
+from specx.exporter.weights.blocks import CARRIED, Blocks, from_gguf, quantize_float  # noqa: E402
 from tests import gguf_models  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""The parity check in layer-range parts (exporter/check_parts.py): the same passes, the same
+"""The parity check in layer-range parts (exporter/checks/parts.py): the same passes, the same
 logits to the bit, with one part's weights in ONNX Runtime at a time.
 
 - For every family and both attention variants, for int4 graphs carried from a GGUF, for a
@@ -48,7 +48,7 @@ def _export(source: Path, out: Path, **options: Any) -> Any:
 
 
 def _passes(vocab: int, k: int = 3) -> list[Any]:
-    from specx.exporter.check import parity_passes, text_passes
+    from specx.exporter.checks.parity import parity_passes, text_passes
 
     rng = np.random.default_rng(0)
     ids = rng.integers(0, vocab, size=12 + k + 2).astype(np.int64)
@@ -57,7 +57,7 @@ def _passes(vocab: int, k: int = 3) -> list[Any]:
 
 
 def _assert_same_bits(folder: Path, spec: Any) -> int:
-    from specx.exporter.check import run_passes
+    from specx.exporter.checks.parity import run_passes
 
     passes = _passes(spec.vocab_size)
     whole, one = run_passes(folder, spec, passes, WHOLE)
@@ -122,8 +122,8 @@ def test_a_frontier_tensor_changed_between_parts_changes_the_logits(
 ) -> None:
     """Negative control: the later parts compute from what the earlier ones recorded."""
     import tiny_models
-    from specx.exporter import check_parts
-    from specx.exporter.check import run_passes
+    from specx.exporter.checks import parts as check_parts
+    from specx.exporter.checks.parity import run_passes
 
     model = tiny_models.build_model("qwen2", tokenizer.get_vocab_size(), seed=1, layers=3)
     source = tiny_models.save(model, tokenizer, tmp_path / "src")
@@ -189,7 +189,7 @@ def test_the_diagnostic_reports_identical_logits_and_each_ways_peak(tmp_path: Pa
 def test_a_part_size_below_the_minimum_is_refused_with_exit_2(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from specx.apps.cli import main
+    from specx.apps.cli.main import main
 
     out = tmp_path / "a"
     result = CliRunner().invoke(

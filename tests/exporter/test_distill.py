@@ -23,7 +23,7 @@ pytestmark = needs_exporter
 def _tiny_source(tokenizer: Any, folder: Path) -> tuple[Any, Any]:
     """A tiny random Llama target, saved and loaded as `specx distill` loads one."""
     import tiny_models
-    from specx.exporter.load import load_source
+    from specx.exporter.weights.load import load_source
 
     model = tiny_models.build_model("llama", tokenizer.get_vocab_size(), seed=1, layers=4)
     return model, load_source(str(tiny_models.save(model, tokenizer, folder / "target")), print)
@@ -33,7 +33,7 @@ def _tiny_source(tokenizer: Any, folder: Path) -> tuple[Any, Any]:
 def distilled(tmp_path_factory: Any, tokenizer: Any) -> dict[str, Any]:
     import tiny_models
     from specx.exporter import ExportOptions, export_pair
-    from specx.exporter.distill import DistillOptions, distill
+    from specx.exporter.heads.distill.run import DistillOptions, distill
 
     root = tmp_path_factory.mktemp("distill")
     model = tiny_models.build_model("llama", tokenizer.get_vocab_size(), seed=1, layers=6)
@@ -98,8 +98,8 @@ def test_distill_writes_a_speculators_eagle3_head_and_a_held_out_report(
         "grounded",
     }
     assert all(len(v) == 3 for v in by_kind.values())
-    from specx.exporter.distill import DATA_FILE
-    from specx.exporter.distill_data import load_sequences
+    from specx.exporter.heads.distill.data import load_sequences
+    from specx.exporter.heads.distill.run import DATA_FILE
 
     kinds = {s.kind for s in load_sequences(head / DATA_FILE)}  # kept with the data
     assert "templated" in kinds and kinds <= {"templated", "code", "self-written", "grounded"}
@@ -109,7 +109,7 @@ def test_distill_writes_a_speculators_eagle3_head_and_a_held_out_report(
     # before the time budget): at its floor, a tenth of the peak
     import torch
 
-    from specx.exporter.distill import CHECKPOINT_FILE
+    from specx.exporter.heads.distill.run import CHECKPOINT_FILE
 
     saved = torch.load(head / CHECKPOINT_FILE, weights_only=False)
     last_lr = saved["optimizer"]["param_groups"][0]["lr"]
@@ -125,8 +125,8 @@ def test_a_distilled_head_drafts_what_the_target_says_on_its_training_prompts(
     """The tiny random target's answers are too arbitrary to generalise from 40 prompts, but a
     head that learned them must draft them: this checks that training sees the pairs the drafter
     reads at run time (a shifted pair would leave acceptance near zero)."""
-    from specx.exporter.distill import DATA_FILE
-    from specx.exporter.distill_data import load_sequences
+    from specx.exporter.heads.distill.data import load_sequences
+    from specx.exporter.heads.distill.run import DATA_FILE
 
     head: Path = distilled["head"]
     n_train = json.loads((head / "data.json").read_text())["train"]
@@ -180,7 +180,7 @@ def test_distill_resumes_from_its_checkpoint_without_generating_again(
 ) -> None:
     import shutil
 
-    from specx.exporter.distill import CHECKPOINT_FILE, DATA_FILE, distill
+    from specx.exporter.heads.distill.run import CHECKPOINT_FILE, DATA_FILE, distill
 
     head = tmp_path / "head"
     shutil.copytree(distilled["head"], head)
@@ -204,7 +204,7 @@ def test_distill_resumes_from_its_checkpoint_without_generating_again(
 
 def test_distill_reads_the_users_prompt_and_text_files(tmp_path: Path, tokenizer: Any) -> None:
     import tiny_models
-    from specx.exporter.distill import DistillOptions, distill
+    from specx.exporter.heads.distill.run import DistillOptions, distill
 
     model = tiny_models.build_model("llama", tokenizer.get_vocab_size(), seed=1, layers=4)
     source = tiny_models.save(model, tokenizer, tmp_path / "target")
@@ -230,16 +230,16 @@ def test_the_runtime_records_in_its_passes_what_transformers_generates_and_compu
     """The CPU route (an exported graph decoding with continuous batching, recording as it goes)
     gives the same answers, taps and soft labels as transformers' generate plus a recording pass,
     for prompts of different lengths sharing passes, rows joining as others finish."""
-    from specx.exporter import distill_generate
-    from specx.exporter.distill import _progress, default_taps
-    from specx.exporter.distill_data import (
+    from specx.exporter.heads.distill import generate as distill_generate
+    from specx.exporter.heads.distill.data import (
         Prompt,
         generate_answers,
         record_target,
         shipped_prompts,
     )
-    from specx.exporter.distill_generate import RuntimeGenerator, runtime_generation_possible
-    from specx.exporter.load import eos_token_ids
+    from specx.exporter.heads.distill.generate import RuntimeGenerator, runtime_generation_possible
+    from specx.exporter.heads.distill.run import _progress, default_taps
+    from specx.exporter.weights.load import eos_token_ids
     from specx.runtime.errors import ExportError
 
     model, src = _tiny_source(tokenizer, tmp_path)
@@ -282,15 +282,15 @@ def test_the_target_writes_requests_of_its_own_from_its_chat_templates_user_turn
     """Self-written prompts: the chat template's opening of a user turn, continued by sampling
     at temperature 1 from the target itself (each continuation from its own seed, so not from
     the rows it shared passes with); whole turns kept, each once."""
-    from specx.exporter.distill import _progress, default_taps
-    from specx.exporter.distill_generate import RuntimeGenerator, sample_token
-    from specx.exporter.distill_self_prompts import (
+    from specx.exporter.heads.distill.generate import RuntimeGenerator, sample_token
+    from specx.exporter.heads.distill.run import _progress, default_taps
+    from specx.exporter.heads.distill.self_prompts import (
         _sample_transformers,
         keep_requests,
         self_written_prompts,
         user_turn_prefix,
     )
-    from specx.exporter.load import eos_token_ids
+    from specx.exporter.weights.load import eos_token_ids
 
     _, src = _tiny_source(tokenizer, tmp_path)
     prefix = user_turn_prefix(src)
@@ -333,7 +333,7 @@ def test_the_shipped_prompts_share_nothing_with_the_bench_workloads() -> None:
     """The bench's prompts measure what a head learned elsewhere: none of them, nor any of
     their passages, may be in the distillation set."""
     from specx.apps.bench import load_workloads
-    from specx.exporter.distill_data import GROUNDED_TEMPLATES, shipped_prompts
+    from specx.exporter.heads.distill.data import GROUNDED_TEMPLATES, shipped_prompts
 
     chat, code = shipped_prompts()
     shipped = {p.text for p in chat + code}
@@ -349,7 +349,7 @@ def test_the_shipped_prompts_share_nothing_with_the_bench_workloads() -> None:
 def test_distill_refuses_bad_options_with_exit_2_and_leaves_nothing(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from specx.apps.cli import main
+    from specx.apps.cli.main import main
 
     runner = CliRunner()
     out = tmp_path / "head"

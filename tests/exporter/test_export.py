@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import TinyPair, needs_exporter
-from specx.runtime import contract
-from specx.runtime.contract import Manifest
+from specx.runtime.artifact import contract
+from specx.runtime.artifact.contract import Manifest
 from specx.runtime.errors import ExportError
 
 pytestmark = needs_exporter
@@ -231,7 +231,7 @@ def test_a_failure_mid_export_keeps_the_previous_artifact_and_leaves_nothing_par
 def test_a_parity_failure_fails_the_export(
     tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import specx.exporter.check as check
+    import specx.exporter.checks.parity as check
     from specx.exporter import ExportOptions, export_pair
 
     target = _save_tiny(tokenizer, tmp_path / "t")

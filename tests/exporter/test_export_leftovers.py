@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from conftest import needs_exporter
-from specx.runtime.contract import Manifest
+from specx.runtime.artifact.contract import Manifest
 
 pytestmark = needs_exporter
 
@@ -34,7 +34,7 @@ def test_an_export_killed_midway_is_cleaned_up_by_the_next_one(
     target = tiny_target(tokenizer, tmp_path / "t")
     out = tmp_path / "artifact"
     env = {k: v for k, v in os.environ.items() if k != "SPECX_THREAD_POOL"}
-    cmd = [sys.executable, "-m", "specx.apps.cli", "export", "--target", target]
+    cmd = [sys.executable, "-m", "specx.apps.cli.main", "export", "--target", target]
     cmd += ["--draft", "int8", "--max-length", "64", "-o", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 300

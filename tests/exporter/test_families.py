@@ -100,7 +100,7 @@ def test_windowed_layers_and_their_sizes_reach_the_graph(
 
 def test_the_memory_planner_counts_every_family(tmp_path: Path, tokenizer: Any) -> None:
     import tiny_models
-    from specx.exporter.plan import read_config, shape_from_config
+    from specx.exporter.planning.profile import read_config, shape_from_config
 
     for arch in FAMILIES:
         model = build(arch, tokenizer.get_vocab_size(), seed=1)

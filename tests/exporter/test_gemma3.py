@@ -20,7 +20,7 @@ import pytest
 
 from conftest import needs_exporter
 from specx.runtime import Pipeline
-from specx.runtime.contract import Manifest
+from specx.runtime.artifact.contract import Manifest
 
 GGUF = os.environ.get("SPECX_GEMMA3_GGUF", "")
 pytestmark = [
@@ -57,7 +57,7 @@ def test_gemma3_greedy_equals_transformers_for_every_drafter(gemma3: Path) -> No
     import torch
 
     from reference import assert_same_or_near_tie, hf_greedy
-    from specx.exporter.load import load_source
+    from specx.exporter.weights.load import load_source
 
     pipe = Pipeline.load(gemma3)
     eos = pipe.manifest.special_tokens.eos_token_ids

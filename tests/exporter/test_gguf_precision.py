@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 pytest.importorskip("gguf")
 
-from specx.apps.cli import main
+from specx.apps.cli.main import main
 from specx.exporter import ExportOptions, export_pair
 from specx.runtime import Pipeline
 from specx.runtime.errors import ExportError
@@ -267,8 +267,8 @@ def test_an_unknown_wide_blocks_choice_is_refused_with_exit_2(
 
 
 def test_the_cli_offers_the_exporters_wide_blocks_choices() -> None:
-    from specx.apps.cli_export import WIDE_BLOCKS
-    from specx.exporter.nbits import WIDE_BLOCKS as EXPORTER_CHOICES
+    from specx.apps.cli.main.export import WIDE_BLOCKS
+    from specx.exporter.weights.nbits import WIDE_BLOCKS as EXPORTER_CHOICES
 
     assert tuple(WIDE_BLOCKS.choices) == EXPORTER_CHOICES
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import TinyPair, needs_exporter
 from specx.runtime import Pipeline
-from specx.runtime.contract import Manifest
+from specx.runtime.artifact.contract import Manifest
 
 
 @pytest.fixture(scope="session")

@@ -78,8 +78,8 @@ def test_the_int4_target_carries_every_gguf_tensor_and_its_passes_part_only_at_n
 
 def _one_token_gaps(pair: Path, ids: np.ndarray) -> np.ndarray:
     """The target's top-2 logit gap after each of `ids`, one token a pass (as k=0 runs)."""
+    from specx.runtime.artifact.contract import Manifest
     from specx.runtime.backends import OrtSession
-    from specx.runtime.contract import Manifest
 
     spec = Manifest.read(pair).target
     session = OrtSession(pair / spec.graph, spec, ["cpu"], max_chunk=1)

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import needs_exporter
 from specx.runtime import Pipeline
-from specx.runtime.contract import Manifest
+from specx.runtime.artifact.contract import Manifest
 
 GGUF = os.environ.get("SPECX_SMOLLM2_GGUF", "")
 pytestmark = [
@@ -52,7 +52,7 @@ def test_smollm2_speculative_greedy_equals_transformers_generate(smollm2: Path) 
     import torch
 
     from reference import assert_same_or_near_tie, hf_greedy
-    from specx.exporter.load import load_source
+    from specx.exporter.weights.load import load_source
 
     pipe = Pipeline.load(smollm2)
     prompt = pipe.encode_prompt("Explain what a KV cache is, in two sentences.", chat=True)

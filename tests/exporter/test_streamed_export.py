@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from specx.apps.cli import main
+from specx.apps.cli.main import main
 from tests.tiny_models import build_model, build_tokenizer, save
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "granite", "olmo2"]
@@ -29,13 +29,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _loaded(source: str) -> Any:
-    from specx.exporter.load import load_source
+    from specx.exporter.weights.load import load_source
 
     return load_source(source, lambda _m: None).model
 
 
 def _streamed(source: str) -> Any:
-    from specx.exporter.load import open_source
+    from specx.exporter.weights.load import open_source
 
     return open_source(source, lambda _m: None)
 
@@ -98,7 +98,7 @@ def test_the_streamed_model_computes_the_loaded_models_logits(arch: str, tmp_pat
 STAND_IN = """
 import resource, sys
 from transformers import Qwen2Config
-from specx.exporter.sources import stand_in
+from specx.exporter.weights.sources import stand_in
 import torch
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 cfg = Qwen2Config(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
@@ -209,7 +209,7 @@ def test_peak_memory_grows_with_the_part_checked_not_with_the_layer_count(
 def test_an_export_the_disk_cannot_hold_is_refused_with_exit_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from specx.exporter import preflight
+    from specx.exporter.planning import preflight
 
     folder = save(build_model("llama", 320, seed=3), build_tokenizer(320), tmp_path / "m")
     monkeypatch.setattr(preflight, "free_disk", lambda _out: 1000.0)
@@ -223,7 +223,7 @@ def test_an_export_the_disk_cannot_hold_is_refused_with_exit_2(
 def test_an_export_the_memory_cannot_hold_is_refused_with_exit_2(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from specx.exporter import preflight
+    from specx.exporter.planning import preflight
 
     folder = save(build_model("llama", 320, seed=3), build_tokenizer(320), tmp_path / "m")
     monkeypatch.setattr(preflight, "available_memory", lambda: 1e6)
@@ -278,7 +278,7 @@ def test_the_reference_of_padded_sequences_equals_each_sequences_own_pass(
     padded after its end: a causal model's scores up to a position ignore what follows."""
     import torch
 
-    from specx.exporter.check import references
+    from specx.exporter.checks.parity import references
 
     folder = save(build_model("qwen2", 320, seed=5), build_tokenizer(320), tmp_path / "m")
     src = _streamed(str(folder))

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specx.exporter.distill_train import OUTSIDE, chain_acceptance, tokens_per_pass
+from specx.exporter.heads.distill.train import OUTSIDE, chain_acceptance, tokens_per_pass
 
 SCRIPTS = Path(__file__).parents[2] / "scripts" / "diagnostics"
 

@@ -13,7 +13,7 @@ from conftest import TinyPair, needs_exporter
 from profile_tools import mutated, to_toml
 from specx.profiles import ProfileError, builtin_names, load_profile, parse_profile
 from specx.runtime import Pipeline
-from specx.runtime.contract import Manifest
+from specx.runtime.artifact.contract import Manifest
 from specx.runtime.errors import ExportError, ProviderError
 
 REQUIRED = {"cpu", "gpu-datacenter", "jetson-orin-nano-8gb", "jetson-agx-orin-64gb"}
@@ -141,7 +141,7 @@ def test_a_pair_at_full_context_on_an_orin_nano_is_refused_before_any_work(
 @needs_exporter
 def test_the_same_pair_fits_the_nano_profile_as_shipped(tmp_path: Path) -> None:
     from specx.exporter.drafts import resolve_drafts
-    from specx.exporter.plan import plan_pair
+    from specx.exporter.planning.profile import plan_pair
 
     target = llama_1b_config(tmp_path / "target")
     lines: list[str] = []
@@ -201,7 +201,7 @@ def test_k_above_the_profiles_k_max_is_refused(fp16_pair: TinyPair) -> None:
 def test_plain_graphs_use_only_operators_tensorrt_parses(
     llama_plain_pair: TinyPair, gpt2_pair: TinyPair, fp16_pair: TinyPair
 ) -> None:
-    from specx.exporter.tensorrt_ops import unsupported_ops
+    from specx.exporter.tensorrt.parser_ops import unsupported_ops
 
     for pair in (llama_plain_pair, gpt2_pair, fp16_pair):
         manifest = Manifest.read(pair.artifact)
@@ -214,7 +214,7 @@ def test_the_op_check_catches_contrib_and_quantization_ops(
     tmp_path: Path, llama_pair: TinyPair
 ) -> None:
     from specx.exporter import ExportOptions, export_pair
-    from specx.exporter.tensorrt_ops import unsupported_ops
+    from specx.exporter.tensorrt.parser_ops import unsupported_ops
 
     out = tmp_path / "q"
     export_pair(
@@ -255,7 +255,7 @@ def test_engines_without_tensorrt_fail_cleanly_before_any_work(
 def test_the_cli_lists_profiles() -> None:
     from click.testing import CliRunner
 
-    from specx.apps.cli import main
+    from specx.apps.cli.main import main
 
     result = CliRunner().invoke(main, ["profiles"])
     assert result.exit_code == 0

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from conftest import load_script
-from specx.runtime.adaptive import AdaptiveK
+from specx.runtime.decode.adaptive import AdaptiveK
+from specx.runtime.decode.policy import StepResult
 from specx.runtime.drafters import LOOKUP, MODEL, NONE
-from specx.runtime.generate import StepResult
 
 
 def ids(*tokens: int) -> np.ndarray:

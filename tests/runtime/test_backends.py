@@ -25,7 +25,7 @@ class Echo(GraphSession):
     """A backend in a few lines: logits say which token was fed; the cache only advances."""
 
     def __init__(self) -> None:
-        from specx.runtime.contract import ModelSpec
+        from specx.runtime.artifact.contract import ModelSpec
 
         self.spec = ModelSpec(
             role="target",
@@ -118,7 +118,7 @@ def test_a_graph_is_refused_by_an_onnxruntime_too_old_to_run_it_right(
     import onnxruntime
 
     from conftest import HAS_EXPORTER
-    from specx.runtime.contract import Manifest
+    from specx.runtime.artifact.contract import Manifest
     from specx.runtime.errors import ProviderError
 
     if not HAS_EXPORTER:
@@ -135,7 +135,7 @@ def test_a_graph_is_refused_by_an_onnxruntime_too_old_to_run_it_right(
 
 
 def test_the_int4_draft_needs_onnxruntime_1_22() -> None:
-    from specx.runtime.requirements import min_onnxruntime, release
+    from specx.runtime.artifact.requirements import min_onnxruntime, release
 
     spec = Echo().spec
     int4 = dataclasses.replace(spec, variant="int4", attention="gqa")  # operators not recorded

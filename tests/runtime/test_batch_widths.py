@@ -1,4 +1,4 @@
-"""-k auto in a batch (runtime/batch_widths.py): one cap on K for the adaptive rows, chosen from
+"""-k auto in a batch (runtime/batch/widths.py): one cap on K for the adaptive rows, chosen from
 measured pass and drafting costs; drafting that rows share is counted once."""
 
 from __future__ import annotations
@@ -6,15 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specx.runtime.adaptive import AdaptiveK
-from specx.runtime.batch_plans import Plans
-from specx.runtime.batch_widths import WidthPlanner
-from specx.runtime.batching import BatchSequence
+from specx.runtime.batch.plans import Plans
+from specx.runtime.batch.widths import WidthPlanner
+from specx.runtime.decode.adaptive import AdaptiveK
+from specx.runtime.decode.sequence import Sequence
+from specx.runtime.decode.stats import Stats
 from specx.runtime.drafters.base import LOOKUP, MODEL
-from specx.runtime.generate import make_verifier
-from specx.runtime.sampling import PositionNoise, SamplingParams
 from specx.runtime.settings import GenerationSettings
-from specx.runtime.stats import Stats
 
 
 class KnownPolicy(AdaptiveK):
@@ -33,19 +31,10 @@ class KnownPolicy(AdaptiveK):
         return k * self.per_token
 
 
-def row(row: int, policy: AdaptiveK, source: str = MODEL, shares: bool = False) -> BatchSequence:
-    seq = BatchSequence(
-        row,
-        GenerationSettings(),
-        policy,
-        None,
-        Stats(),
-        None,
-        make_verifier(SamplingParams(), PositionNoise(0, 8)),
-        np.zeros(8, dtype=np.int64),
-        1,
-    )
-    seq.source, seq.k_limit, seq.shares_draft = source, 4, shares
+def row(row: int, policy: AdaptiveK, source: str = MODEL, shares: bool = False) -> Sequence:
+    seq = Sequence(np.zeros(1, dtype=np.int64), GenerationSettings(), policy, None, Stats(), 8)
+    seq.start(7)
+    seq.row, seq.source, seq.k_limit, seq.shares_draft = row, source, 4, shares
     return seq
 
 
@@ -118,7 +107,7 @@ def test_a_row_alone_in_its_pass_keeps_its_policys_own_k_as_alone() -> None:
 
 
 def test_rows_with_a_fixed_k_keep_it_and_set_the_least_width() -> None:
-    from specx.runtime.generate import FixedK
+    from specx.runtime.decode.policy import FixedK
 
     widths = planner(0.040, 0.6, rows=2)
     fixed = row(0, FixedK(3))
@@ -395,7 +384,7 @@ def test_where_the_caller_waits_for_the_whole_batch_only_the_rows_most_behind_dr
     one a step are weighed so."""
     widths = planner(0.040, 0.05, rows=2)
 
-    def two_rows() -> list[BatchSequence]:
+    def two_rows() -> list[Sequence]:
         rows = [row(r, KnownPolicy(0.9, 0.0), LOOKUP) for r in range(2)]
         rows[0].k_limit = 1
         for s, made in zip(rows, (4, 14), strict=True):
@@ -419,7 +408,7 @@ def test_where_the_caller_waits_for_the_whole_batch_only_the_rows_most_behind_dr
     assert [s.k for s in level] == [1, 4]
 
 
-def _plain_steps(widths: WidthPlanner, rows: list[BatchSequence], steps: int) -> list[bool]:
+def _plain_steps(widths: WidthPlanner, rows: list[Sequence], steps: int) -> list[bool]:
     """Whether each of `steps` steps was planned (its K set by a search): a plain run's steps
     are not, and their -k auto rows draft nothing."""
     planned = []

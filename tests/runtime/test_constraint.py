@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from conftest import TinyPair, needs_exporter
 from specx.runtime import Grammar, InputError, Pipeline, SamplingParams
 from specx.runtime.constraint import Constraint
-from specx.runtime.sampling import warp
+from specx.runtime.verification.sampling import warp
 from stats_tools import chi_square_p_value
 
 pytestmark = needs_exporter

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import TinyPair, needs_exporter
 from specx.runtime import Pipeline
-from specx.runtime.contract import Manifest
+from specx.runtime.artifact.contract import Manifest
 
 pytestmark = needs_exporter
 
@@ -102,7 +102,7 @@ def test_tensorrt_engines_are_recorded_and_run_exact_speculation(engine_pair: Pa
 
 @pytest.mark.tensorrt
 def test_a_rebuild_refreshes_the_engines_in_place(engine_pair: Path) -> None:
-    from specx.exporter.engines import rebuild_engines
+    from specx.exporter.tensorrt.engines import rebuild_engines
 
     before = Manifest.read(engine_pair).engines
     after = rebuild_engines(engine_pair, None, log=print).engines

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import TinyPair, needs_exporter
+from specx.runtime.artifact.contract import Manifest
 from specx.runtime.backends import OrtSession
-from specx.runtime.contract import Manifest
 from specx.runtime.kv_cache import KVCache
 
 

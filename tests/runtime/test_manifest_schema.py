@@ -1,5 +1,6 @@
-"""manifest.json has a published JSON Schema (runtime/manifest.schema.json): every manifest the
-exporter writes passes it, a full JSON-Schema implementation (the `jsonschema` package) agrees with
+"""manifest.json has a published JSON Schema (runtime/artifact/manifest.schema.json): every
+manifest the exporter writes passes it, a full JSON-Schema implementation (the `jsonschema`
+package) agrees with
 the runtime's own small validator on valid and broken manifests alike, and the runtime's errors
 name the field."""
 
@@ -14,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import TinyPair, needs_exporter
-from specx.runtime.contract import Manifest
+from specx.runtime.artifact.contract import Manifest
+from specx.runtime.artifact.schema import check_manifest, manifest_schema
 from specx.runtime.errors import ArtifactError
-from specx.runtime.schema import check_manifest, manifest_schema
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -17,12 +17,14 @@ from hypothesis import strategies as st
 
 from conftest import TinyPair, needs_exporter
 from specx.runtime import GenerationSettings
+from specx.runtime.artifact.contract import Manifest
 from specx.runtime.backends import OrtSession
-from specx.runtime.contract import Manifest
+from specx.runtime.decode.loop import decode_loop
+from specx.runtime.decode.policy import FixedK
+from specx.runtime.decode.sequence import Sequence
+from specx.runtime.decode.stats import Stats
 from specx.runtime.drafters import DraftRequest, Proposal
-from specx.runtime.generate import FixedK, decode_loop
-from specx.runtime.stats import Stats
-from specx.runtime.verify import verify_greedy
+from specx.runtime.verification.verify import verify_greedy
 
 
 @given(
@@ -87,16 +89,10 @@ def test_any_acceptance_pattern_keeps_the_cache_and_output_exact(
     cache = session.new_cache(manifest.max_length)
     committed: list[int] = []
     stats = Stats()
-    for tokens in decode_loop(
-        session,
-        cache,
-        drafter,
-        prompt,
-        GenerationSettings(max_new_tokens=40),
-        FixedK(8),
-        manifest.special_tokens.eos_token_ids,
-        stats,
-    ):
+    eos = frozenset(manifest.special_tokens.eos_token_ids)
+    settings = GenerationSettings(max_new_tokens=40)
+    seq = Sequence(prompt, settings, FixedK(8), drafter, stats, session.vocab_size, eos)
+    for tokens in decode_loop(session, cache, seq):
         committed += tokens.tolist()
         # invariant: the target cache holds every committed token but the last one
         assert cache.length == len(prompt) + len(committed) - 1

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import TinyPair, needs_exporter
 from specx.runtime import Pipeline
-from specx.runtime.contract import Manifest
+from specx.runtime.artifact.contract import Manifest
 from specx.runtime.drafters import registry
 from specx.runtime.drafters.base import EMPTY, LOOKUP, NONE, DraftPlan, DraftRequest, Proposal
 

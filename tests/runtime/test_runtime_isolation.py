@@ -30,7 +30,7 @@ def test_importing_the_runtime_api_loads_neither_torch_nor_transformers() -> Non
 @needs_exporter
 def test_specx_run_loads_neither_torch_nor_transformers(llama_pair: TinyPair) -> None:
     code = (
-        "from specx.apps.cli import main\n"
+        "from specx.apps.cli.main import main\n"
         "try:\n"
         f"    main(['run', {str(llama_pair.artifact)!r}, '-p', 'The cat', '-n', '5',"
         " '--draft', 'mixed', '--chat', '--json-object'])\n"

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from specx.runtime.errors import InputError
-from specx.runtime.sampling import SamplingParams, race, sample, warp
-from specx.runtime.verify import verify_invariant, verify_rejection
+from specx.runtime.verification.sampling import SamplingParams, race, sample, warp
+from specx.runtime.verification.verify import verify_invariant, verify_rejection
 from stats_tools import chi_square_p_value, joint_of_pairs
 
 ALPHA = 1e-3  # significance of each test
@@ -31,8 +31,9 @@ START = 0
 
 @dataclass
 class Draws:
-    """A generation's random numbers, drawn once per position (as runtime/sampling.py keys
-    them): whoever asks for a position's draw gets the same one."""
+    """A generation's random numbers, drawn once per position (as
+    runtime/verification/sampling.py keys them): whoever asks for a position's draw gets the
+    same one."""
 
     rng: np.random.Generator
     by_position: dict[int, tuple[np.ndarray, float, float, float]] = field(default_factory=dict)

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import TinyPair, needs_exporter
 from specx.runtime import Pipeline, SamplingParams
-from specx.runtime.sampling import race, sample, warp
+from specx.runtime.verification.sampling import race, sample, warp
 from stats_tools import chi_square_p_value
 
 pytestmark = needs_exporter
@@ -130,7 +130,7 @@ def accept_everything_rejection(
 def test_the_same_test_catches_a_broken_verifier_end_to_end(
     small_vocab_pair: TinyPair, monkeypatch: pytest.MonkeyPatch, verification: str, broken: Any
 ) -> None:
-    import specx.runtime.generate as generate
+    import specx.runtime.verification.verifier as generate
 
     monkeypatch.setattr(generate, f"verify_{verification}", broken)
     pipe = Pipeline.load(small_vocab_pair.artifact)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from specx.runtime.contract import SpecialTokens
+from specx.runtime.artifact.contract import SpecialTokens
 from specx.runtime.errors import InputError
 from specx.runtime.tokenizer import REPLACEMENT_CHAR, TextCodec
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specx.runtime.verify import residual_distribution, verify_greedy
+from specx.runtime.verification.verify import residual_distribution, verify_greedy
 
 
 def logits_for(choices: list[int], vocab: int = 10) -> np.ndarray:

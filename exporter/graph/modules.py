@@ -1,0 +1,433 @@
+"""The torch modules that are traced into ONNX: (ids, positions, cache...) -> (logits, k/v).
+
+They reuse the Hugging Face model's own submodules (embeddings, norms, projections, MLPs, rotary
+embedding), so weights and per-architecture details (biases, rope scaling, norms) come from the
+model as the user loaded it. Only the attention with an external cache is written by specx, in
+one of the contract's variants (see runtime/artifact/contract.py; its operations are in
+graph/ops.py):
+
+- plain: standard ONNX ops only (MatMul, Softmax, ...), parseable by TensorRT; past
+  [batch, past_len, kv_heads, head_dim] in, the new positions' keys/values out;
+- gqa: ONNX Runtime's GroupQueryAttention op on full-capacity [batch, kv_heads, cache_len,
+  head_dim] buffers that it updates in place (rotary embedding inside the op). No copy of the
+  cache per step: the decode step stays flat as the context grows, apart from attention itself.
+- batched: standard ONNX opset 24 on the gqa layout: TensorScatter writes each row's new keys and
+  values at its own length in place, attention reads the whole buffer under a mask built from
+  each row's positions; several sequences at different lengths share one pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+# (graph/trace.py imports the placeholder opset from here: re-exported)
+from specx.exporter.graph.ops import LATER_OPSET as LATER_OPSET
+from specx.exporter.graph.ops import LATER_OPSET_DOMAIN as LATER_OPSET_DOMAIN
+from specx.exporter.graph.ops import (
+    apply_rotary,
+    attention_bias,
+    gqa_attention,
+    grouped_attention,
+    lm_head_logits,
+    reshape,
+    rotary,
+    rotary_caches,
+    tensor_scatter,
+)
+
+# model_type -> wrapper family; anything else is refused with this list.
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "llama": "decoder",
+    "mistral": "decoder",
+    "qwen2": "decoder",
+    "qwen3": "decoder",
+    "gemma3_text": "decoder",
+    "phi3": "decoder",
+    "smollm3": "decoder",
+    "granite": "decoder",
+    "olmo2": "decoder",
+    "gpt2": "gpt2",
+}
+
+
+def _conv1d(x: torch.Tensor, conv: Any) -> torch.Tensor:
+    """GPT-2's Conv1D (x @ W + b) without its flatten/unflatten views (shape ops in ONNX)."""
+    return torch.matmul(x, conv.weight) + conv.bias
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """What differs between the layers of one model."""
+
+    rope: str | None  # which rotary table ("default", or a layer type for Gemma 3); None: NoPE
+    window: int | None  # sliding window (keys attended, the query's own included) or None
+
+
+def layer_plans(model: Any) -> list[LayerPlan]:
+    """Per layer: its rotary table and its attention window, read from the loaded modules."""
+    cfg = model.config
+    plans = []
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        if hasattr(attn, "sliding_window"):  # per layer (Qwen2/3, Gemma 3, SmolLM3)
+            window = attn.sliding_window
+        else:  # one window for every layer, or none (Mistral, Phi-3; Llama has none)
+            window = getattr(cfg, "sliding_window", None)
+        if not getattr(attn, "use_rope", True):  # SmolLM3's NoPE layers
+            rope = None
+        elif getattr(attn, "layer_type", None) and cfg.model_type.startswith("gemma3"):
+            rope = str(attn.layer_type)  # Gemma 3: local and global rotary per layer type
+        else:
+            rope = "default"
+        plans.append(LayerPlan(rope, int(window) if window else None))
+    return plans
+
+
+class DecoderGraph(nn.Module):
+    """The Llama lineage: Llama, Mistral, Qwen2/3, Gemma 3, Phi-3/4, SmolLM3, Granite, OLMo2.
+
+    One module reads what differs from the loaded model: separate or fused (qkv_proj) projections,
+    RMS norms on queries and keys (per head, or over the whole projection), where the layer norms
+    sit (before each block, after it, or both), per-layer rotary tables and sliding windows,
+    layers without rotary embeddings, and the scalar multipliers and soft-caps some families add.
+    """
+
+    def __init__(
+        self, model: Any, attention: str = "plain", max_length: int = 0, taps: tuple[int, ...] = ()
+    ) -> None:
+        super().__init__()
+        cfg = model.config
+        self.taps = taps  # hidden states returned as `features` (runtime/artifact/contract.py)
+        self._tapped: dict[int, torch.Tensor] = {}
+        self.source = model
+        self.model = model.model
+        self.lm_head = model.lm_head
+        self.attention = attention
+        self.num_heads = cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.plans = layer_plans(model)
+        self.embedding_multiplier = float(getattr(cfg, "embedding_multiplier", 1.0) or 1.0)
+        self.residual_multiplier = float(getattr(cfg, "residual_multiplier", 1.0) or 1.0)
+        self.logits_scaling = float(getattr(cfg, "logits_scaling", 1.0) or 1.0)
+        self.final_softcap = getattr(cfg, "final_logit_softcapping", None)
+        layer = self.model.layers[0]
+        self.fused_qkv = hasattr(layer.self_attn, "qkv_proj")
+        self.sandwich = hasattr(layer, "pre_feedforward_layernorm")  # Gemma: norm before and after
+        self.post_norm = not hasattr(layer, "input_layernorm")  # OLMo2: norm after each block
+        if attention == "gqa":
+            dtype = next(model.parameters()).dtype
+            for kind in sorted({p.rope for p in self.plans if p.rope is not None}):
+                cos, sin = rotary_caches(model, kind, max_length, dtype)
+                self.register_buffer(f"cos_{kind}", cos, persistent=False)
+                self.register_buffer(f"sin_{kind}", sin, persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        hidden = self.model.embed_tokens(input_ids)  # [batch, seq, hidden]
+        if self.embedding_multiplier != 1.0:
+            hidden = hidden * self.embedding_multiplier
+        if self.attention == "gqa":
+            hidden, kv = self._layers_gqa(hidden, rest[0], rest[1], rest[2:])
+        elif self.attention == "batched":
+            hidden, kv = self._layers_batched(hidden, rest[0], rest[1], rest[2:])
+        else:
+            hidden, kv = self._layers_plain(hidden, rest[0], rest[1:])
+        normed = self.model.norm(hidden)
+        logits = lm_head_logits(normed, self.lm_head)  # [batch, seq, vocab]
+        if self.logits_scaling != 1.0:
+            logits = logits / self.logits_scaling
+        if self.final_softcap:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        if not self.taps:
+            return (logits, *kv)
+        self._tap(len(self.model.layers), normed)
+        features = torch.cat([self._tapped[t] for t in self.taps], dim=-1).float()
+        return (logits, features, *kv)  # features: [batch, seq, taps * hidden]
+
+    def _tap(self, index: int, hidden: torch.Tensor) -> None:
+        """Keep `hidden` (the input of layer `index`, or the final normed state) if a feature
+        draft reads it."""
+        if index in self.taps:
+            self._tapped[index] = hidden
+
+    def _qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys, values [batch, seq, heads * head_dim] (normed where the model norms)."""
+        heads, kv, dim = self.num_heads, self.kv_heads, self.head_dim
+        if self.fused_qkv:
+            q, k, v = attn.qkv_proj(x).split([heads * dim, kv * dim, kv * dim], dim=-1)
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+        if q_norm is not None and k_norm is not None:
+            if q_norm.weight.shape[0] == dim:  # per head (Qwen3, Gemma 3)
+                q = reshape(q_norm(reshape(q, 0, -1, heads, dim)), 0, -1, heads * dim)
+                k = reshape(k_norm(reshape(k, 0, -1, kv, dim)), 0, -1, kv * dim)
+            else:  # over the whole projection (OLMo2)
+                q, k = q_norm(q), k_norm(k)
+        return q, k, v
+
+    def _block(self, layer: Any, hidden: torch.Tensor, attend: Any) -> torch.Tensor:
+        """One layer around its attention (`attend(x) -> [batch, seq, hidden]` after o_proj)."""
+        scale = self.residual_multiplier
+        x = hidden if self.post_norm else layer.input_layernorm(hidden)
+        out = attend(x)
+        if self.post_norm or self.sandwich:
+            out = layer.post_attention_layernorm(out)
+        hidden = hidden + out * scale if scale != 1.0 else hidden + out
+        if self.sandwich:
+            y = layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
+        elif self.post_norm:
+            y = layer.post_feedforward_layernorm(layer.mlp(hidden))
+        else:
+            y = layer.mlp(layer.post_attention_layernorm(hidden))
+        return hidden + y * scale if scale != 1.0 else hidden + y
+
+    def _positions(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, keys: Any
+    ) -> tuple[dict[str, Any], dict[int | None, torch.Tensor]]:
+        """Rotary tables per kind ([batch, seq, rotary_dim] cos and sin) and attention biases
+        per window ([batch, 1, groups * seq, keys]) for key slots 0 .. keys - 1 at positions
+        0 .. keys - 1."""
+        tables = {
+            kind: rotary(self.source, kind, hidden, position_ids)
+            for kind in {p.rope for p in self.plans if p.rope is not None}
+        }
+        groups = self.num_heads // self.kv_heads
+        biases = {
+            w: attention_bias(position_ids, keys, hidden.dtype, groups, w)
+            for w in {p.window for p in self.plans}
+        }
+        return tables, biases
+
+    def _layers_plain(
+        self, hidden: torch.Tensor, position_ids: torch.Tensor, past: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        heads, kv, dim = self.num_heads, self.kv_heads, self.head_dim
+        tables, biases = self._positions(hidden, position_ids, past[0].shape[1] + hidden.shape[1])
+        new_kv: list[torch.Tensor] = []
+        for i, (layer, plan) in enumerate(zip(self.model.layers, self.plans, strict=True)):
+            attn = layer.self_attn
+
+            def attend(
+                x: torch.Tensor, attn: Any = attn, plan: LayerPlan = plan, i: int = i
+            ) -> Any:
+                q, k, v = self._qkv(attn, x)
+                q = reshape(q, 0, -1, heads, dim).transpose(1, 2)  # [batch, heads, seq, dim]
+                k = reshape(k, 0, -1, kv, dim)  # [batch, seq, kv_heads, head_dim]
+                v = reshape(v, 0, -1, kv, dim)
+                if plan.rope is not None:
+                    cos, sin = tables[plan.rope]
+                    q = apply_rotary(q, cos[:, None], sin[:, None])
+                    k = apply_rotary(k, cos[:, :, None], sin[:, :, None])  # the cache layout
+                new_kv.extend([k, v])
+                keys = torch.cat([past[2 * i], k], dim=1)  # [batch, total, kv_heads, head_dim]
+                values = torch.cat([past[2 * i + 1], v], dim=1)
+                out = grouped_attention(
+                    q, keys, values, biases[plan.window], attn.scaling, heads, kv, dim
+                )
+                return attn.o_proj(out)
+
+            self._tap(i, hidden)
+            hidden = self._block(layer, hidden, attend)
+        return hidden, new_kv
+
+    def _layers_batched(
+        self,
+        hidden: torch.Tensor,
+        position_ids: torch.Tensor,  # [batch, seq]
+        write_indices: torch.Tensor,  # [batch]
+        past: tuple[torch.Tensor, ...],  # [batch, kv_heads, cache_len, head_dim] each
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        heads, kv, dim = self.num_heads, self.kv_heads, self.head_dim
+        # Key slot j holds position j in every row: the mask compares slots with positions.
+        tables, biases = self._positions(hidden, position_ids, past[0].shape[2])
+        present: list[torch.Tensor] = []
+        for i, (layer, plan) in enumerate(zip(self.model.layers, self.plans, strict=True)):
+            attn = layer.self_attn
+
+            def attend(
+                x: torch.Tensor, attn: Any = attn, plan: LayerPlan = plan, i: int = i
+            ) -> Any:
+                q, k, v = self._qkv(attn, x)
+                q = reshape(q, 0, -1, heads, dim).transpose(1, 2)  # [batch, heads, seq, dim]
+                k = reshape(k, 0, -1, kv, dim).transpose(1, 2)  # [batch, kv_heads, seq, dim]
+                v = reshape(v, 0, -1, kv, dim).transpose(1, 2)
+                if plan.rope is not None:
+                    cos, sin = tables[plan.rope]
+                    q = apply_rotary(q, cos[:, None], sin[:, None])
+                    k = apply_rotary(k, cos[:, None], sin[:, None])
+                keys = tensor_scatter(past[2 * i], k, write_indices)  # in place
+                values = tensor_scatter(past[2 * i + 1], v, write_indices)
+                present.extend([keys, values])
+                out = grouped_attention(
+                    q, keys, values, biases[plan.window], attn.scaling, heads, kv, dim, True
+                )
+                return attn.o_proj(out)
+
+            self._tap(i, hidden)
+            hidden = self._block(layer, hidden, attend)
+        return hidden, present
+
+    def _layers_gqa(
+        self,
+        hidden: torch.Tensor,
+        seqlens_k: torch.Tensor,
+        total: torch.Tensor,
+        past: tuple[torch.Tensor, ...],
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        present: list[torch.Tensor] = []
+        for i, (layer, plan) in enumerate(zip(self.model.layers, self.plans, strict=True)):
+            attn = layer.self_attn
+            tables = None
+            if plan.rope is not None:
+                tables = (getattr(self, f"cos_{plan.rope}"), getattr(self, f"sin_{plan.rope}"))
+
+            def attend(
+                x: torch.Tensor,
+                attn: Any = attn,
+                plan: LayerPlan = plan,
+                i: int = i,
+                tables: Any = tables,
+            ) -> Any:
+                q, k, v = self._qkv(attn, x)
+                out, new_k, new_v = gqa_attention(
+                    q,
+                    k,
+                    v,
+                    past[2 * i],
+                    past[2 * i + 1],
+                    seqlens_k,
+                    total,
+                    tables,
+                    self.num_heads,
+                    self.kv_heads,
+                    float(attn.scaling),
+                    plan.window,
+                )
+                present.extend([new_k, new_v])
+                return attn.o_proj(out)
+
+            self._tap(i, hidden)
+            hidden = self._block(layer, hidden, attend)
+        return hidden, present
+
+
+class GPT2Graph(nn.Module):
+    """GPT-2 style: learned positions, LayerNorm, fused QKV (Conv1D), GELU MLP."""
+
+    def __init__(self, model: Any, attention: str = "plain", max_length: int = 0) -> None:
+        super().__init__()
+        cfg = model.config
+        self.attention = attention
+        self.transformer = model.transformer
+        self.lm_head = model.lm_head
+        self.num_heads = cfg.n_head
+        self.head_dim = cfg.n_embd // cfg.n_head
+        self.scale_by_dim = bool(getattr(cfg, "scale_attn_weights", True))
+        self.scale_by_layer = bool(getattr(cfg, "scale_attn_by_inverse_layer_idx", False))
+
+    def _scale(self, layer: int) -> float:
+        scale = 1.0
+        if self.scale_by_dim:
+            scale /= float(self.head_dim) ** 0.5
+        if self.scale_by_layer:
+            scale /= float(layer + 1)
+        return scale
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, *rest: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        seq = input_ids.shape[1]
+        t = self.transformer
+        hidden = t.wte(input_ids) + t.wpe(position_ids)  # [batch, seq, hidden]
+        heads, dim = self.num_heads, self.head_dim
+        if self.attention == "gqa":
+            seqlens_k, total_length, past = rest[0], rest[1], rest[2:]
+        elif self.attention == "batched":
+            write_indices, past = rest[0], rest[1:]
+            bias = attention_bias(position_ids, past[0].shape[2], hidden.dtype, 1)
+        else:
+            past = rest
+            bias = attention_bias(position_ids, past[0].shape[1] + seq, hidden.dtype, 1)
+        kv_out: list[torch.Tensor] = []
+        for i, block in enumerate(t.h):
+            x = block.ln_1(hidden)
+            qkv = _conv1d(x, block.attn.c_attn)  # [batch, seq, 3 * width]
+            q, k, v = qkv.split(heads * dim, dim=2)
+            if self.attention == "gqa":
+                out, k, v = gqa_attention(
+                    q,
+                    k,
+                    v,
+                    past[2 * i],
+                    past[2 * i + 1],
+                    seqlens_k,
+                    total_length,
+                    None,
+                    heads,
+                    heads,
+                    self._scale(i),
+                )
+            elif self.attention == "batched":
+                q = reshape(q, 0, -1, heads, dim).transpose(1, 2)  # [batch, heads, seq, dim]
+                k = tensor_scatter(
+                    past[2 * i], reshape(k, 0, -1, heads, dim).transpose(1, 2), write_indices
+                )  # the whole buffer, written in place
+                v = tensor_scatter(
+                    past[2 * i + 1], reshape(v, 0, -1, heads, dim).transpose(1, 2), write_indices
+                )
+                out = grouped_attention(q, k, v, bias, self._scale(i), heads, heads, dim, True)
+            else:
+                q = reshape(q, 0, -1, heads, dim).transpose(1, 2)  # [batch, heads, seq, dim]
+                k = reshape(k, 0, -1, heads, dim)  # [batch, seq, heads, head_dim]
+                v = reshape(v, 0, -1, heads, dim)
+                keys = torch.cat([past[2 * i], k], dim=1)
+                values = torch.cat([past[2 * i + 1], v], dim=1)
+                out = grouped_attention(q, keys, values, bias, self._scale(i), heads, heads, dim)
+            kv_out += [k, v]
+            hidden = hidden + _conv1d(out, block.attn.c_proj)
+            mlp = block.mlp
+            hidden = hidden + _conv1d(mlp.act(_conv1d(block.ln_2(hidden), mlp.c_fc)), mlp.c_proj)
+        hidden = t.ln_f(hidden)
+        return (lm_head_logits(hidden, self.lm_head), *kv_out)
+
+
+def make_graph_module(
+    model: Any, attention: str = "plain", max_length: int = 0, taps: tuple[int, ...] = ()
+) -> nn.Module:
+    """taps: the hidden states the graph also returns as `features` (decoder family only)."""
+    family = SUPPORTED_ARCHITECTURES[model.config.model_type]
+    module: nn.Module
+    if family == "decoder":
+        module = DecoderGraph(model, attention, max_length, taps)
+    else:
+        module = GPT2Graph(model, attention, max_length)
+    return module.eval()
+
+
+def gqa_unsupported(model: Any) -> str | None:
+    """Why GroupQueryAttention cannot run this model's attention (None: it can). The op needs
+    head_dim a multiple of 16 and each rotary table's half width a multiple of 8."""
+    if SUPPORTED_ARCHITECTURES[model.config.model_type] != "decoder":
+        return None
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    if head_dim % 16:
+        return f"head_dim {head_dim} is not a multiple of 16"
+    dtype = next(model.parameters()).dtype
+    for kind in sorted({p.rope for p in layer_plans(model) if p.rope is not None}):
+        half = rotary_caches(model, kind, 1, dtype)[0].shape[-1]
+        if half % 8:
+            return f"its rotary embedding turns {2 * half} of {head_dim} dims, not a multiple of 16"
+    return None
+
+
+def uses_position_ids(model: Any, attention: str) -> bool:
+    """Whether the graph takes position_ids: always for plain and batched graphs; for gqa only where
+    positions are learned embeddings (GPT-2), since the op rotates by the cache length itself."""
+    return attention != "gqa" or SUPPORTED_ARCHITECTURES[model.config.model_type] == "gpt2"

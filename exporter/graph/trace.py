@@ -1,0 +1,382 @@
+"""Trace a model into one ONNX graph that serves prefill, decode and verify (any S, any past).
+
+Names, dtypes and symbolic dims come from ``specx.runtime.artifact.contract``; the exporter
+never spells them itself.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specx.exporter.graph.modules import (
+    LATER_OPSET,
+    LATER_OPSET_DOMAIN,
+    make_graph_module,
+    uses_position_ids,
+)
+from specx.exporter.graph.weights import (
+    ExternalData,
+    GraphWeights,
+    drop_weight_inputs,
+    weight_bytes,
+    write_float,
+)
+from specx.exporter.weights.load import Log, SourceModel, model_vocab_size
+from specx.exporter.weights.nbits import QUANTIZED, quantize_graph
+from specx.exporter.weights.sources import stand_in
+from specx.runtime.artifact import contract
+from specx.runtime.artifact.contract import ModelSpec
+from specx.runtime.errors import ExportError
+
+# Graphs larger than this keep their weights in a side file (protobuf's 2 GB limit).
+EXTERNAL_DATA_BYTES = 1_800_000_000
+
+
+def model_dims(src: SourceModel) -> dict[str, int]:
+    cfg = src.config
+    if src.model_type == "gpt2":
+        heads = cfg.n_head
+        return {
+            "num_layers": cfg.n_layer,
+            "num_heads": heads,
+            "kv_heads": heads,
+            "head_dim": cfg.n_embd // heads,
+            "hidden_size": cfg.n_embd,
+            "max_positions": cfg.n_positions,
+        }
+    heads = cfg.num_attention_heads
+    max_positions = int(cfg.max_position_embeddings)
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type")) == "longrope":
+        # LongRoPE switches every position's frequencies once a sequence outgrows the original
+        # context, which a cache of already-rotated keys cannot follow: exact up to there.
+        original = getattr(cfg, "original_max_position_embeddings", None) or max_positions
+        max_positions = min(max_positions, int(original))
+    return {
+        "num_layers": cfg.num_hidden_layers,
+        "num_heads": heads,
+        "kv_heads": getattr(cfg, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        "hidden_size": cfg.hidden_size,
+        "max_positions": max_positions,
+    }
+
+
+def _dynamic_axes(
+    inputs: tuple[contract.TensorSpec, ...], outputs: tuple[contract.TensorSpec, ...]
+) -> dict[str, dict[int, str]]:
+    """Every symbolic dim of the contract becomes a dynamic axis of that name."""
+    return {
+        t.name: {i: d for i, d in enumerate(t.shape) if isinstance(d, str)}
+        for t in (*inputs, *outputs)
+        if any(isinstance(d, str) for d in t.shape)
+    }
+
+
+# The batched graph's opset-24 operators are traced at this opset (the newest the TorchScript
+# exporter writes; from 18 on, the graph's other operators read the same at 24).
+BATCHED_TRACE_OPSET = 20
+
+
+CUSTOM_OPSETS = {"gqa": {"com.microsoft": 1}, "batched": {LATER_OPSET_DOMAIN: 1}}
+
+
+def raise_opset(model: Any) -> None:
+    """Move operators traced in the placeholder domain to the default one, at opset 24."""
+    for node in model.graph.node:
+        if node.domain == LATER_OPSET_DOMAIN:
+            node.domain = ""
+    imports = [o for o in model.opset_import if o.domain != LATER_OPSET_DOMAIN]
+    del model.opset_import[:]
+    for entry in imports:
+        if entry.domain in ("", "ai.onnx"):
+            entry.version = LATER_OPSET
+        model.opset_import.append(entry)
+
+
+def stamp_io_shapes(
+    model: Any, inputs: tuple[contract.TensorSpec, ...], outputs: tuple[contract.TensorSpec, ...]
+) -> None:
+    """Write the contract's shapes on the graph's inputs/outputs (the tracer leaves some fixed
+    dims, e.g. head_dim of the new keys, as generated symbolic names)."""
+    specs = {t.name: t for t in (*inputs, *outputs)}
+    for value in (*model.graph.input, *model.graph.output):
+        spec = specs[value.name]
+        dims = value.type.tensor_type.shape.dim
+        del dims[:]
+        for d in spec.shape:
+            dim = dims.add()
+            if isinstance(d, int):
+                dim.dim_value = d
+            else:
+                dim.dim_param = d
+
+
+def graph_operators(model: Any) -> tuple[str, ...]:
+    """Every node kind of a graph as "domain:OpType" (the default domain is "ai.onnx")."""
+    return tuple(sorted({f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in model.graph.node}))
+
+
+def weight_stats(model: Any) -> tuple[int, int]:
+    """(number of parameters, bytes) over the graph's initializers."""
+    return weight_bytes(model)
+
+
+def trace_graph(
+    module: Any,
+    args: tuple[Any, ...],
+    raw: Path,
+    inputs: tuple[contract.TensorSpec, ...],
+    outputs: tuple[contract.TensorSpec, ...],
+    opset: int,
+    custom_opsets: dict[str, int] | None,
+    failure: str,
+    fix: str,
+    weights_as_inputs: bool = False,
+) -> Any:
+    """Trace `module` on `args` with the contract's names and dynamic axes (TorchScript exporter,
+    in the scratch folder `raw`, removed afterwards); the loaded ONNX model.
+
+    weights_as_inputs: the module's parameters and buffers become graph inputs under their own
+    names, unfolded and not deduplicated (graph/weights.py streams them in afterwards); else
+    the traced values are the graph's initializers (small modules: feature heads)."""
+    import onnx
+    import torch
+
+    raw.mkdir(parents=True, exist_ok=True)
+    raw_path = raw / "model.onnx"
+    infer = torch._C._jit_pass_onnx_graph_shape_type_inference
+    if weights_as_inputs:  # shapes from the inputs' types: computing on the stand-in's (never
+        # written) weights would take their memory and minutes
+        torch._C._jit_pass_onnx_graph_shape_type_inference = (
+            lambda graph, params_dict, opset_version: infer(graph, {}, opset_version)
+        )
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module,
+                args,
+                str(raw_path),
+                input_names=[t.name for t in inputs],
+                output_names=[t.name for t in outputs],
+                dynamic_axes=_dynamic_axes(inputs, outputs),
+                opset_version=opset,
+                custom_opsets=custom_opsets,
+                do_constant_folding=not weights_as_inputs,
+                export_params=not weights_as_inputs,
+                keep_initializers_as_inputs=weights_as_inputs,
+                dynamo=False,
+            )
+        model = onnx.load(str(raw_path))  # external data too: the scratch folder can go
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise ExportError(f"{failure}: {str(e).splitlines()[0][:300]}", fix) from e
+    finally:
+        torch._C._jit_pass_onnx_graph_shape_type_inference = infer
+        for f in raw.iterdir():
+            f.unlink()
+        raw.rmdir()
+    return model
+
+
+def save_graph(
+    model: Any,
+    folder: Path,
+    graph_name: str,
+    role: str,
+    source: str,
+    pair_id: str,
+    max_length: int,
+    nbytes: int,
+) -> None:
+    """Stamp the contract's metadata into a graph and write it (weights beside it when large)."""
+    import onnx
+
+    model.doc_string = f"specx {role} graph of {source}"
+    for key, value in (
+        (contract.PAIR_ID_KEY, pair_id),
+        (contract.MAX_LENGTH_KEY, str(max_length)),
+        ("specx.role", role),
+        ("specx.format_version", str(contract.FORMAT_VERSION)),
+    ):
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    out = folder / graph_name
+    if (folder / f"{graph_name}.data").exists():  # streamed: the weights lie beside it already
+        onnx.save_model(model, str(out))
+    elif nbytes > EXTERNAL_DATA_BYTES:
+        onnx.save_model(model, str(out), save_as_external_data=True, location=f"{graph_name}.data")
+    else:
+        onnx.save_model(model, str(out))
+
+
+def export_graph(
+    src: SourceModel,
+    folder: Path,
+    role: str,
+    graph_name: str,
+    max_length: int,
+    pair_id: str,
+    opset: int,
+    log: Log,
+    precision: str = "fp32",
+    attention: str = "plain",
+    taps: tuple[int, ...] = (),
+    compute: str = "int8",
+    wide: str = "carry",
+) -> ModelSpec:
+    """Trace `src` into folder/graph_name and describe it; parity is checked separately.
+
+    precision "fp16": weights, activations and caches in float16 (a half copy of the model is
+    traced; the source model stays float32 for the parity reference); logits stay float32.
+    "int8" / "int4": float32 activations and caches, weights as MatMulNBits blocks
+    (weights/nbits.py),
+    carried from the GGUF file the model came from where their format maps exactly; `compute`
+    says how MatMulNBits multiplies (nbits.COMPUTE), `wide` what becomes of GGUF blocks wider
+    than the precision (nbits.WIDE_BLOCKS).
+    attention "plain" (standard ONNX, for TensorRT), "gqa" (ONNX Runtime's in-place attention) or
+    "batched" (several sequences at their own lengths per pass). taps: hidden states the graph
+    also returns as `features`, for a feature draft (runtime/artifact/contract.py).
+    """
+    import torch
+
+    dims = model_dims(src)
+    dtype = "float16" if precision == "fp16" else "float32"
+    torch_dtype = torch.float16 if precision == "fp16" else torch.float32
+    if max_length > dims["max_positions"]:
+        log(
+            f"  {role}: --max-length {max_length} exceeds the model's {dims['max_positions']} "
+            f"positions; using {dims['max_positions']}"
+        )
+        max_length = dims["max_positions"]
+    vocab = model_vocab_size(src)
+    layers, kv, hd = dims["num_layers"], dims["kv_heads"], dims["head_dim"]
+    with_positions = uses_position_ids(src.model, attention)
+    inputs = contract.graph_inputs(layers, kv, hd, dtype, attention, with_positions)
+    if taps and src.model_type == "gpt2":
+        raise ExportError(
+            "feature drafts (EAGLE heads) need a target of the Llama lineage, not gpt2",
+            "use a model draft, int8/int4 or ngram with this target",
+        )
+    if any(not 0 <= t <= layers for t in taps):
+        raise ExportError(
+            f"a feature draft reads target layers {list(taps)}, but the target has {layers} "
+            f"(taps 0..{layers})",
+            "the head was trained for another target; use the head made for this one",
+        )
+    features = len(taps) * dims["hidden_size"]
+    outputs = contract.graph_outputs(layers, kv, hd, vocab, dtype, attention, features)
+    traced = stand_in(src.config, torch_dtype)
+    module = make_graph_module(traced, attention, max_length, taps)
+    # Dummy inputs: 3 new tokens on top of 2 past positions; every axis is dynamic.
+    args: list[torch.Tensor] = [torch.tensor([[1, 2, 3]], dtype=torch.long)]
+    if with_positions:
+        args.append(torch.tensor([[2, 3, 4]], dtype=torch.long))
+    if attention == "gqa":
+        args += [torch.tensor([4], dtype=torch.int32), torch.tensor(5, dtype=torch.int32)]
+        cache_shape = (1, kv, 8, hd)  # full buffers of 8 positions, 5 of them valid
+    elif attention == "batched":  # two rows at lengths 2 and 4
+        args = [torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.long)]
+        args.append(torch.tensor([[2, 3, 4], [4, 5, 6]], dtype=torch.long))
+        args.append(torch.tensor([2, 4], dtype=torch.long))
+        cache_shape = (2, kv, 8, hd)
+        opset = max(opset, BATCHED_TRACE_OPSET)
+    else:
+        cache_shape = (1, 2, kv, hd)
+    args += [torch.zeros(*cache_shape, dtype=torch_dtype) for _ in range(2 * layers)]
+    log(
+        f"  {role}: tracing {src.model_type} ({layers} layers, {attention} attention, "
+        f"{precision}) to ONNX opset {LATER_OPSET if attention == 'batched' else opset}"
+    )
+    t0 = time.perf_counter()
+    model = trace_graph(
+        module,
+        tuple(args),
+        folder / f".{graph_name}.raw",
+        inputs,
+        outputs,
+        opset,
+        CUSTOM_OPSETS.get(attention),
+        f"tracing {src.source} failed",
+        "report this with the model's config.json",
+        weights_as_inputs=True,
+    )
+    trace_s = time.perf_counter() - t0
+    if attention == "batched":
+        raise_opset(model)
+    t0 = time.perf_counter()
+    writer = ExternalData(model.graph, folder / f"{graph_name}.data")
+    weights = GraphWeights(graph_states(module, traced), src.weights, writer, log, layers, role)
+    quantization = None
+    try:
+        if precision in QUANTIZED:
+            embedding = _param_name(traced, traced.get_input_embeddings().weight)
+            bits = int(precision[3:])
+            report = quantize_graph(model, bits, vocab, weights, embedding, compute, wide)
+            quantization = report.to_json()
+            log(f"  {role}: {precision} weights: {report.summary()}")
+        else:
+            write_float(model, weights, np.float16 if precision == "fp16" else np.float32)
+    finally:
+        writer.close()
+    drop_weight_inputs(model, weights)
+    stamp_io_shapes(model, inputs, outputs)
+    params, nbytes = weight_stats(model)
+    if precision in QUANTIZED:  # the initializers count packed codes and scales, not weights:
+        # the source's parameters, a head tied to the table counted twice as the graph holds both
+        params = sum(int(np.prod(shape)) for shape in weights.source.shapes.values())
+    save_graph(model, folder, graph_name, role, src.source, pair_id, max_length, nbytes)
+    log(
+        f"  {role}: traced in {trace_s:.1f} s, weights streamed in "
+        f"{time.perf_counter() - t0:.1f} s: {params / 1e6:.1f}M parameters, {nbytes / 1e6:.0f} MB"
+    )
+    return ModelSpec(
+        role=role,
+        name=Path(graph_name).stem,
+        graph=graph_name,
+        architecture=src.model_type,
+        source=src.source,
+        num_layers=layers,
+        num_heads=dims["num_heads"],
+        kv_heads=kv,
+        head_dim=hd,
+        hidden_size=dims["hidden_size"],
+        vocab_size=vocab,
+        max_length=max_length,
+        dtype=dtype,
+        num_parameters=params,
+        weight_bytes=nbytes,
+        inputs=inputs,
+        outputs=outputs,
+        variant=precision,
+        operators=graph_operators(model),
+        attention=attention,
+        feature_layers=taps,
+        parity={"weights": quantization} if quantization else {},
+    )
+
+
+def _param_name(model: Any, param: Any) -> str:
+    return next(n for n, p in model.named_parameters(remove_duplicate=False) if p is param)
+
+
+def graph_states(module: Any, model: Any) -> dict[str, str | np.ndarray]:
+    """The traced graph's weight inputs (the module's state, as the tracer names it): each
+    parameter of `model` by its name there, each buffer by its value."""
+    import torch
+
+    names: dict[int, str] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), n)  # a tied parameter by the name stored first
+    states: dict[str, str | np.ndarray] = {}
+    for key, value in torch.jit._unique_state_dict(module, keep_vars=True).items():
+        if id(value) in names:
+            states[key] = names[id(value)]
+        else:
+            states[key] = value.detach().cpu().numpy()
+    return states

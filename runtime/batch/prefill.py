@@ -1,0 +1,136 @@
+"""How joining rows read their prompts in a batch: one chunk a step, several rows in one pass,
+a prompt prefix another row holds (a shared system prompt) copied instead of computed.
+
+The BatchDecoder (decoder.py) holds the rows and asks its PromptReader to read a chunk of the
+joining rows' prompts at the start of each step while any row is joining.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from specx.runtime.drafters.base import FeatureReader
+from specx.runtime.kv_cache import common_prefix
+
+if TYPE_CHECKING:
+    from specx.runtime.backends.base import BatchedGraph
+    from specx.runtime.decode.sequence import Sequence
+    from specx.runtime.kv_cache import BatchKVCache
+
+
+class PromptReader:
+    """The rows' prefill: what BatchDecoder.step runs first while any row is still joining."""
+
+    PREFILL_CHUNK = 64  # prompt tokens a joining row feeds per step
+    PREFILL_BUDGET = 128  # positions (rows x width, padding included) of a step's prefill pass
+    SHARED_PREFIX_MIN = 8  # prompt tokens worth copying from another row instead of computing
+
+    def __init__(
+        self, session: BatchedGraph, single: BatchedGraph | None, cache: BatchKVCache
+    ) -> None:
+        """session: the batched graph; single: the target's gqa graph where the decoder has it
+        (a pass over one row runs there); cache: the decoder's rows."""
+        self.session = session
+        self.single = single
+        self.cache = cache
+        self.passes = 0  # passes that read prompt chunks
+
+    def read(self, joining: list[Sequence], taken: list[Sequence]) -> None:
+        """Feed the next prompt chunk of the joining rows (each row's prompt but its last token,
+        which its first step feeds), in one pass where several join at once: at most
+        PREFILL_CHUNK tokens of a row and PREFILL_BUDGET padded positions a step, so that a long
+        prompt never stalls the decoding rows for long. A prompt prefix another row holds (a
+        shared system prompt) is copied from that row instead of computed; a row whose prefix
+        an earlier joining row is still computing waits a step for it rather than compute it
+        too, and that row reads only up to the prefix they share, so that in the next step they
+        all read the rest of their prompts in one pass."""
+        t0 = perf_counter()
+        parts: dict[int, tuple[Sequence, int, int]] = {}  # row -> (seq, start, end)
+        for i, s in enumerate(joining):
+            if s.prefilled == 0:
+                if any(self._waits_for(s, earlier, taken) for earlier in joining[:i]):
+                    continue
+                s.prefilled = s.stats.reused_prompt_tokens = self._reuse_prefix(s, taken)
+            end = min(s.prefilled + self.PREFILL_CHUNK, s.n_context - 1)
+            # rows waiting for a prefix s computes: s stops there, they join its next chunk
+            waiting = [self._waits_for(later, s, taken) for later in joining[i + 1 :]]
+            shared = [c for c in waiting if c and s.prefilled < c < end]
+            end = max(shared, default=end)
+            rows = [*parts, s.row]
+            width = max([end - s.prefilled] + [e - b for _, b, e in parts.values()])
+            if parts and (max(rows) - min(rows) + 1) * width > self.PREFILL_BUDGET:
+                break
+            parts[s.row] = (s, s.prefilled, end)
+        fed = {row: part for row, part in parts.items() if part[2] > part[1]}
+        if len(fed) == 1 or (fed and not self._feed_together(fed)):
+            for row, part in fed.items():  # one row (the gqa graph's fused pass, where there)
+                self._feed({row: part}, self.single or self.session)
+        for s, _, end in parts.values():
+            s.prefilled = end if end < s.n_context - 1 else -1
+            s.stats.prefill_s += perf_counter() - t0
+            s.decode_start = perf_counter()
+
+    def _waits_for(self, s: Sequence, other: Sequence, taken: list[Sequence]) -> int:
+        """The prompt prefix s shares with a row still computing it, if worth copying and longer
+        than any row holds now (0: s need not wait for `other`)."""
+        if not self._copies_prefixes:
+            return 0
+        prompt = s.context[: s.n_context - 1]
+        shared = common_prefix(prompt, other.context[: other.n_context - 1])
+        if shared < self.SHARED_PREFIX_MIN or int(self.cache.lengths[other.row]) >= shared:
+            return 0
+        held = max(common_prefix(tokens, prompt) for tokens in self._held(s.row, taken).values())
+        return shared if shared > held else 0
+
+    def _held(self, row: int, taken: list[Sequence]) -> dict[int, np.ndarray]:
+        """Every other row -> the tokens its cache holds (its context up to its length)."""
+        return {o.row: o.context[: int(self.cache.lengths[o.row])] for o in taken if o.row != row}
+
+    def _feed_together(self, fed: dict[int, tuple[Sequence, int, int]]) -> bool:
+        """One batched pass over the rows first .. last of `fed` (rows between them take no
+        token); False if a row in that range lacks the room for the pass."""
+        first, last = min(fed), max(fed)
+        width = max(e - b for _, b, e in fed.values())
+        if int(self.cache.lengths[first : last + 1].max()) + width > self.cache.capacity:
+            return False
+        self._feed(fed, self.session)
+        return True
+
+    def _feed(self, fed: dict[int, tuple[Sequence, int, int]], runner: BatchedGraph) -> None:
+        first, last = min(fed), max(fed)
+        width = max(e - b for _, b, e in fed.values())
+        tokens = np.zeros((last - first + 1, width), dtype=np.int64)  # [rows, width], 0: padding
+        counts = np.zeros(last - first + 1, dtype=np.int64)
+        for row, (s, begin, end) in fed.items():
+            tokens[row - first, : end - begin] = s.context[begin:end]
+            counts[row - first] = end - begin
+        runner.forward_rows(tokens, counts, self.cache, first)
+        self.passes += 1
+        features = runner.last_features  # [rows, width, F] where the graph returns features
+        for row, (s, begin, end) in fed.items():
+            if features is not None and isinstance(s.drafter, FeatureReader):
+                # (a hybrid is a FeatureReader whether or not its model reads them: a feature
+                # draft left without them says so when it drafts)
+                s.drafter.observe_features(begin, features[row - first, : end - begin])
+
+    @property
+    def _copies_prefixes(self) -> bool:
+        """Whether rows copy shared prompt prefixes: not where the target returns features (a
+        feature draft needs them for every prompt position), only in host memory."""
+        features = self.session.spec.feature_size or (
+            self.single is not None and self.single.spec.feature_size
+        )
+        return not features and self.cache.on_host
+
+    def _reuse_prefix(self, s: Sequence, taken: list[Sequence]) -> int:
+        """Copy into s's row the longest prefix of its prompt that another row holds (at least
+        SHARED_PREFIX_MIN tokens); returns its length (0: none)."""
+        if not self._copies_prefixes:
+            return 0
+        prompt = s.context[: s.n_context - 1]  # what the prefill feeds
+        return self.cache.reuse_prefix(
+            s.row, prompt, self._held(s.row, taken), self.SHARED_PREFIX_MIN
+        )
