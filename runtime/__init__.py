@@ -5,7 +5,8 @@ The core imports nothing outside this package (tests/runtime/test_layers.py chec
 from specx.runtime.constraint import Grammar
 from specx.runtime.decode.stats import Stats
 from specx.runtime.errors import ArtifactError, ExportError, InputError, SpecxError
-from specx.runtime.pipeline import GenerationResult, Pipeline
+from specx.runtime.pipeline import Pipeline
+from specx.runtime.result import GenerationResult
 from specx.runtime.settings import GenerationSettings
 from specx.runtime.verification.logprobs import TokenLogprob
 from specx.runtime.verification.sampling import SamplingParams

@@ -32,39 +32,13 @@ from specx.runtime.decode.sequence import Emit
 from specx.runtime.decode.stats import Stats
 from specx.runtime.drafters import registry
 from specx.runtime.drafters.base import Drafter
-from specx.runtime.errors import ArtifactError, InputError
+from specx.runtime.errors import ArtifactError, InputError, concerning
 from specx.runtime.kv_cache import KVCache
+from specx.runtime.result import Generation, GenerationResult
 from specx.runtime.settings import AUTO, DEFAULT_K, MAX_K, GenerationSettings
 from specx.runtime.tokenizer import TextCodec
-from specx.runtime.verification.logprobs import TokenLogprob
 
 Prompt = str | Sequence[int] | np.ndarray
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]
-    prompt_token_ids: list[int]
-    stats: Stats
-    finished: bool = True  # False when the consumer stopped early (e.g. Ctrl-C)
-    # one per token of token_ids when the generation asked for logprobs (logprobs.py)
-    logprobs: list[TokenLogprob] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out = {
-            "text": self.text,
-            "token_ids": self.token_ids,
-            "prompt_tokens": len(self.prompt_token_ids),
-            "finished": self.finished,
-            "stats": self.stats.to_json(),
-        }
-        if self.logprobs is not None:
-            out["logprobs"] = [
-                {"token": t.token, "logprob": t.logprob, "top": [list(a) for a in t.top]}
-                for t in self.logprobs
-            ]
-        return out
 
 
 @dataclass
@@ -73,23 +47,6 @@ class _Workspace:
     target: GraphSession
     cache: KVCache
     drafter: Drafter | None
-
-
-@dataclass
-class Generation:
-    """An iterator of text deltas; ``result`` is complete once iteration ends (or stops)."""
-
-    _iterator: Iterator[str]
-    result: GenerationResult
-
-    def __iter__(self) -> Iterator[str]:
-        return self._iterator
-
-    def __next__(self) -> str:
-        return next(self._iterator)
-
-    def close(self) -> None:
-        self._iterator.close()  # type: ignore[attr-defined]
 
 
 def policy_memory(drafter: str, batched: bool) -> str:
@@ -275,7 +232,8 @@ class Pipeline:
     def constraint(self, grammar: Grammar) -> Constraint:
         """A fresh matcher of `grammar` over this artifact's tokenizer (InputError if the grammar
         is invalid)."""
-        return self.grammar_tokenizer().constraint(grammar)
+        with concerning("grammar"):
+            return self.grammar_tokenizer().constraint(grammar)
 
     def token_bytes(self, ids: Sequence[int]) -> dict[int, bytes]:
         """Each token's own bytes (a byte-level token may hold part of a character)."""
@@ -288,6 +246,12 @@ class Pipeline:
     def encode_prompt(
         self, prompt: Prompt, chat: bool = False, system: str | None = None
     ) -> np.ndarray:
+        """The prompt's token ids (a chat prompt through the model's template), checked against
+        the context and the vocabulary."""
+        with concerning("prompt"):
+            return self._encode_prompt(prompt, chat, system)
+
+    def _encode_prompt(self, prompt: Prompt, chat: bool, system: str | None) -> np.ndarray:
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise InputError("the prompt is empty", "pass some text with --prompt")
@@ -321,7 +285,9 @@ class Pipeline:
         name = settings.drafter or self.default_drafter
         if name not in self.drafter_names:
             raise InputError(
-                f"unknown drafter {name!r}", f"choose one of: {', '.join(self.drafter_names)}"
+                f"unknown drafter {name!r}",
+                f"choose one of: {', '.join(self.drafter_names)}",
+                "drafter",
             )
         profile = self.manifest.profile or {}
         limit = int(profile.get("k_max", MAX_K))
@@ -330,7 +296,9 @@ class Pipeline:
             k = 0 if name == registry.NO_DRAFTER else int(profile.get("k_default", DEFAULT_K))
         if k == AUTO:
             if name == registry.NO_DRAFTER:
-                raise InputError("-k auto needs a drafter", "pass --draft NAME (or ngram)")
+                raise InputError(
+                    "-k auto needs a drafter", "pass --draft NAME (or ngram)", "drafter"
+                )
             max_k = min(settings.max_k, limit)
             policy = AdaptiveK(max_k=max_k)
             previous = self.learned_policy(policy_memory(name, batched))
@@ -343,6 +311,7 @@ class Pipeline:
                 f"K={k} exceeds the profile's k_max {limit} (its engines verify at most "
                 f"{limit + 1} tokens per pass)",
                 f"use -k {limit} or less, or re-export with a profile allowing more",
+                "k",
             )
         if k == 0:
             name = registry.NO_DRAFTER
@@ -351,6 +320,7 @@ class Pipeline:
                 f"K={k} needs a drafter, and --draft none asks for the target alone",
                 "use -k 0 (target alone), or --draft one of: "
                 + ", ".join(n for n in self.drafter_names if n != registry.NO_DRAFTER),
+                "drafter",
             )
         return FixedK(k), k, name
 

@@ -41,22 +41,30 @@ class GenerationSettings:
         if self.logprobs is not None:
             check_top(self.logprobs)
         if self.grammar is not None and not isinstance(self.grammar, Grammar):
-            raise InputError("grammar must be a specx Grammar", "e.g. Grammar.json_schema(schema)")
+            raise InputError(
+                "grammar must be a specx Grammar", "e.g. Grammar.json_schema(schema)", "grammar"
+            )
         if self.max_new_tokens < 1:
-            raise InputError(f"max-new-tokens must be >= 1, got {self.max_new_tokens}")
+            raise InputError(
+                f"max-new-tokens must be >= 1, got {self.max_new_tokens}", field="max_new_tokens"
+            )
         if not 0.0 <= self.draft_p_min < 1.0:
-            raise InputError(f"draft-p-min must be in [0, 1), got {self.draft_p_min}")
+            raise InputError(
+                f"draft-p-min must be in [0, 1), got {self.draft_p_min}", field="draft_p_min"
+            )
         if not 1 <= self.max_k <= MAX_K:
-            raise InputError(f"max K must be in 1..{MAX_K}, got {self.max_k}")
+            raise InputError(f"max K must be in 1..{MAX_K}, got {self.max_k}", field="max_k")
         k = self.k
         if isinstance(k, str) and k != AUTO:
             try:
                 k = int(k)
             except ValueError as e:
-                raise InputError(f"K must be a number or 'auto', got {k!r}") from e
+                raise InputError(f"K must be a number or 'auto', got {k!r}", field="k") from e
             object.__setattr__(self, "k", k)
         if isinstance(k, int) and not 0 <= k <= MAX_K:
-            raise InputError(f"K must be in 0..{MAX_K}, got {k}", "e.g. -k 4, or -k 0 for none")
+            raise InputError(
+                f"K must be in 0..{MAX_K}, got {k}", "e.g. -k 4, or -k 0 for none", "k"
+            )
 
     @classmethod
     def of(cls, settings: GenerationSettings | None = None, **options: Any) -> GenerationSettings:

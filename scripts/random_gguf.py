@@ -6,7 +6,8 @@ that size takes without downloading one. The weights are random blocks: its text
     .venv/bin/python scripts/random_gguf.py /tmp/qwen7b-q4_0.gguf --types q4_0
     .venv/bin/python scripts/random_gguf.py /tmp/small.gguf --shape tiny
 
-The 7B files are 4-5 GB (never commit them); writing one holds it in memory once.
+The 7B files take several GB (docs/bench/measurements.md; never commit them); writing one holds
+it in memory once.
 """
 
 from __future__ import annotations

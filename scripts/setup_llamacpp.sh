@@ -9,9 +9,9 @@
 #                            llama.cpp commit 0c1e570)
 #
 # No prebuilt llama.cpp is on PyPI; the llama-cpp-python sdist vendors its source. The UI and
-# OpenSSL flags keep the build offline (without them it tries to download a web UI). About 12
-# minutes on 2 cores. The binaries use this CPU's instruction set (GGML_NATIVE): build them on
-# the machine that benchmarks.
+# OpenSSL flags keep the build offline (without them it tries to download a web UI). It takes
+# minutes (how long it took on a 2-core VM: docs/bench/measurements.md). The binaries use this
+# CPU's instruction set (GGML_NATIVE): build them on the machine that benchmarks.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${SPECX_CACHE:-$HOME/.cache/specx}"

@@ -33,6 +33,15 @@ def load_script(name: str) -> Any:
     return module
 
 
+def export_target_alone(source: Path, out: Path, **options: Any) -> Any:
+    """`source` exported with no draft at a 64-token context and `options`: its manifest."""
+    from specx.exporter import ExportOptions, export_pair
+
+    return export_pair(
+        str(source), [], out, ExportOptions(max_length=64, **options), log=lambda _m: None
+    )
+
+
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     import onnxruntime as ort
 
@@ -131,6 +140,16 @@ def mistral_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
 
 
 @pytest.fixture(scope="session")
+def batched_llama(tmp_path_factory: Any, tokenizer: Any) -> Any:
+    """The tiny llama exported with a batched graph, drafts "mixed" and "ngram"
+    (tests/batch_tools.py): (artifact, the transformers target), for the batching tests of
+    every folder."""
+    from batch_tools import export_batched
+
+    return export_batched(tmp_path_factory.mktemp("batched"), tokenizer, "llama")
+
+
+@pytest.fixture(scope="session")
 def small_vocab_pair(tmp_path_factory: Any) -> TinyPair:
     """Target and a related draft over 12 tokens, with flat enough distributions to sample."""
     import tiny_models
@@ -215,3 +234,48 @@ def long_pair(tmp_path_factory: Any, tokenizer: Any) -> TinyPair:
     data["special_tokens"]["eos_token_ids"] = []
     manifest.write_text(json.dumps(data))
     return TinyPair(root / "artifact", target, sources, "llama", 2048)
+
+
+@pytest.fixture(scope="session")
+def distilled(tmp_path_factory: Any, tokenizer: Any) -> dict[str, Any]:
+    """A feature head `specx distill` trained on a tiny llama's own answers, exported with its
+    target: for tests/exporter/test_distill.py and the head_acceptance diagnostic's test."""
+    import tiny_models
+    from specx.exporter import ExportOptions, export_pair
+    from specx.exporter.heads.distill.run import DistillOptions, distill
+
+    root = tmp_path_factory.mktemp("distill")
+    model = tiny_models.build_model("llama", tokenizer.get_vocab_size(), seed=1, layers=6)
+    source = tiny_models.save(model, tokenizer, root / "target")
+    options = DistillOptions(
+        max_prompts=40,
+        self_prompts=6,
+        max_new_tokens=32,
+        grounded=8,
+        draft_vocab=160,
+        # bounded by epochs, not by time, so that a slow machine trains the same head (150
+        # epochs: 0.62 of its drafts accepted on its training prompts; 100: 0.46, 40: 0.11); the
+        # time budget is a cap it does not reach (about 50 s here)
+        train_minutes=10.0,
+        max_epochs=150,
+        generate_batch=16,
+    )
+    logs: list[str] = []
+    report = distill(str(source), root / "head", options, log=logs.append)
+    artifact = root / "artifact"
+    export_pair(
+        str(source),
+        [f"eagle={root / 'head'}", "ngram"],
+        artifact,
+        ExportOptions(max_length=256),
+        log=lambda _m: None,
+    )
+    return {
+        "model": model,
+        "source": source,
+        "head": root / "head",
+        "report": report,
+        "artifact": artifact,
+        "options": options,
+        "logs": logs,
+    }

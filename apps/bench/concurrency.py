@@ -194,8 +194,8 @@ def _workload_rate(runs: list[dict[str, Any]]) -> float:
     different prompts, and batches of different prompts differ in speed by more than the modes
     do (a batch whose rows stop early decodes its last row alone), so that median picks a kind
     of batch rather than summarizing the workload, and it can pick another kind for another
-    mode (`tokens_per_s_median_run`, the figure before 2026-12-02 16:38, kept for
-    comparison)."""
+    mode (`tokens_per_s_median_run`, the bench's figure before it summarized whole workloads,
+    kept for comparison; when that changed: docs/bench/measurements.md)."""
     return statistics.median(_by_repeat(runs).values())
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from specx.apps.cli.main.common import debug_option, thread_pool, user_errors
+from specx.apps.cli.common import debug_option, thread_pool, user_errors
 
 
 def _csv(text: str, kind: type = str, option: str = "") -> tuple[Any, ...]:

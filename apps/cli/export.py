@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from specx.apps.cli.main.common import debug_option, user_errors
+from specx.apps.cli.common import debug_option, user_errors
 from specx.runtime.drafters.registry import KINDS
 
 # exporter.nbits.WIDE_BLOCKS (not imported here: the exporter loads torch)

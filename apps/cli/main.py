@@ -14,17 +14,17 @@ from typing import Any
 
 import click
 
-from specx.apps.cli.main.bench import bench
-from specx.apps.cli.main.common import (
+from specx.apps.cli.bench import bench
+from specx.apps.cli.common import (
     debug_option,
     provider_option,
     thread_pool,
     threads_option,
     user_errors,
 )
-from specx.apps.cli.main.distill import distill
-from specx.apps.cli.main.export import build, export_cmd
-from specx.apps.cli.main.serve import serve, triton
+from specx.apps.cli.distill import distill
+from specx.apps.cli.export import build, export_cmd
+from specx.apps.cli.serve import serve, triton
 from specx.runtime.settings import DEFAULT_K
 from specx.runtime.verification.sampling import VERIFICATIONS
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from specx.apps.cli.main.common import (
+from specx.apps.cli.common import (
     debug_option,
     provider_option,
     thread_pool,

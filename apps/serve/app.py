@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from specx.apps.serve.auth import ApiKeyGuard, ASGIApp
 from specx.apps.serve.engine import Busy, Delta, Done, Engine, Job, ShuttingDown
+from specx.apps.serve.errors import param_of
 from specx.apps.serve.metrics import Metrics
 from specx.apps.serve.protocol import (
     Request,
@@ -238,15 +239,7 @@ class Server:
             self.pipeline.validate(settings)
         except InputError as e:
             message = e.message + (f" ({e.hint})" if e.hint else "")
-            if "drafter" in e.message:
-                param: str | None = "drafter"
-            elif "prompt" in e.message:
-                param = "messages" if chat else "prompt"
-            elif "grammar" in e.message or "Schema" in e.message:
-                param = "tools" if request.tools is not None else "response_format"
-            else:
-                param = None
-            raise RequestError(message, param) from e
+            raise RequestError(message, param_of(e, chat, request.tools is not None)) from e
         deadline = time.monotonic() + self.config.request_timeout_s
         return request, Job(prompt, settings, request.stop, deadline)
 

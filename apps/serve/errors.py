@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from specx.runtime.errors import SpecxError
+
+# a runtime error's field (GenerationSettings, SamplingParams) -> the request field it came in,
+# where the name differs (prompt, grammar and logprobs depend on the endpoint: param_of)
+REQUEST_FIELDS = {"max_new_tokens": "max_tokens"}
+
 
 class RequestError(Exception):
     """A request the server refuses; the fields of OpenAI's error object."""
@@ -30,3 +36,16 @@ class RequestError(Exception):
                 "code": self.code,
             }
         }
+
+
+def param_of(error: SpecxError, chat: bool, tools: bool = False) -> str | None:
+    """The request field (OpenAI's `param`) a runtime error concerns (SpecxError.field), for a
+    chat or completions request (`tools`: the request lists tools, which make its grammar)."""
+    field = error.field
+    if field == "prompt":
+        return "messages" if chat else "prompt"
+    if field == "grammar":
+        return "tools" if tools else "response_format"
+    if field == "logprobs":
+        return "top_logprobs" if chat else "logprobs"
+    return REQUEST_FIELDS.get(field, field) if field is not None else None

@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from specx.apps.serve.errors import RequestError
+from specx.apps.serve.errors import RequestError, param_of
 from specx.apps.serve.structured import (
     Tools,
     parse_tools,
@@ -203,7 +203,7 @@ def parse_request(body: Any, chat: bool) -> Request:
             logprobs=requested_logprobs(body, chat),
         )
     except InputError as e:  # what the checks above leave: verification, max_k's range
-        raise RequestError(e.message) from e
+        raise RequestError(e.message, param_of(e, chat)) from e
     return Request(
         chat=chat,
         prompt=None if chat else _prompt(body),

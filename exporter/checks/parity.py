@@ -29,7 +29,7 @@ from specx.runtime.kv_cache import KVCache
 # logit, so that it fits models whose logits are O(1) (random tests) and O(30) (trained models).
 FP32_RELATIVE_TOLERANCE = 1e-4
 # fp16 graph vs the fp32 source model: weight and activation rounding (11-bit mantissa) add up
-# over the layers; measured 2e-3 of the largest logit on tiny models.
+# over the layers (what the tiny models show: docs/bench/measurements.md).
 FP16_RELATIVE_TOLERANCE = 1e-2
 PREFILL_TOKENS = 12
 # A graph with more weights than this is checked in layer-range parts of at most this much,

@@ -1,9 +1,10 @@
 """A graph checked in layer-range parts: one part's weights in ONNX Runtime at a time.
 
 ONNX Runtime maps a graph's external data lazily but prepacks its MatMulNBits weights into
-memory of its own, so a session holds about 1.4x the graph's bytes at its peak
-(scripts/diagnostics/session_memory.py). For a large graph that session is the export's peak. A
-decoder's layers depend on each other only forwards, so the same passes can run part by part:
+memory of its own, so a session holds more than the graph's bytes at its peak
+(scripts/diagnostics/session_memory.py; the factor: docs/bench/measurements.md). For a large
+graph that session is the export's peak. A decoder's layers depend on each other only forwards,
+so the same passes can run part by part:
 
     level of a node   the highest layer whose cache it reads (past_key.i / past_value.i), -1 for
                       what depends on input_ids alone (the embedding), none for what depends on
@@ -104,6 +105,30 @@ def plan_parts(graph: onnx.GraphProto, num_layers: int, part_bytes: int) -> list
     than that is a part of its own)."""
     level = levels(graph, num_layers)
     sizes = {t.name: _initializer_bytes(t) for t in graph.initializer}
+    part_of_level = _group_levels(graph, level, sizes, part_bytes)
+    count = max(part_of_level.values(), default=0) + 1
+    owner = [None if lv is None else part_of_level[lv] for lv in level]
+    graph_outputs = {o.name for o in graph.output}
+    readers: dict[str, set[int]] = {}  # tensor -> the parts whose own nodes read it
+    for node, part_index in zip(graph.node, owner, strict=True):
+        if part_index is not None:
+            for name in node.input:
+                readers.setdefault(name, set()).add(part_index)
+    parts = [_part(graph, owner, p, sizes, readers) for p in range(count)]
+    missing = sorted(graph_outputs - {o for part in parts for o in part.outputs})
+    if missing:
+        raise ExportError(
+            f"the graph's outputs {missing[:3]} depend on no layer's cache: it cannot be checked "
+            "in parts",
+            "export with a --check-part-size above the graph's size",
+        )
+    return parts
+
+
+def _group_levels(
+    graph: onnx.GraphProto, level: list[int | None], sizes: dict[str, int], part_bytes: int
+) -> dict[int, int]:
+    """Each level's part: consecutive levels while their weights fit in `part_bytes`."""
     per_level: dict[int, int] = {}
     for node, lv in zip(graph.node, level, strict=True):
         if lv is not None:
@@ -115,55 +140,50 @@ def plan_parts(graph: onnx.GraphProto, num_layers: int, part_bytes: int) -> list
             part, used = part + 1, 0
         part_of_level[lv] = part
         used += per_level[lv]
-    count = part + 1
+    return part_of_level
+
+
+def _part(
+    graph: onnx.GraphProto,
+    owner: list[int | None],
+    p: int,
+    sizes: dict[str, int],
+    readers: dict[str, set[int]],
+) -> Part:
+    """Part `p`: its own nodes and the level-less ones they read (recomputed here), what it
+    reads from the graph's inputs and earlier parts, and what the outputs and later parts
+    read of it."""
     producer = {out: i for i, node in enumerate(graph.node) for out in node.output}
-    owner = [None if lv is None else part_of_level[lv] for lv in level]
     graph_inputs = {i.name for i in graph.input}
     graph_outputs = {o.name for o in graph.output}
-    readers: dict[str, set[int]] = {}  # tensor -> the parts whose own nodes read it
-    for node, part_index in zip(graph.node, owner, strict=True):
-        if part_index is not None:
-            for name in node.input:
-                readers.setdefault(name, set()).add(part_index)
-    parts = []
-    for p in range(count):
-        own = [i for i in range(len(graph.node)) if owner[i] == p]
-        needed = set(own)
-        stack = list(own)
-        while stack:  # the level-less nodes these read, recomputed here
-            for name in graph.node[stack.pop()].input:
-                j = producer.get(name)
-                if j is not None and owner[j] is None and j not in needed:
-                    needed.add(j)
-                    stack.append(j)
-        nodes = sorted(needed)
-        made = {out for i in nodes for out in graph.node[i].output}
-        inputs: list[str] = []
-        for i in nodes:
-            for name in graph.node[i].input:
-                if name and name not in made and name not in sizes and name not in inputs:
-                    if name not in graph_inputs and owner[producer[name]] is None:
-                        raise ExportError(
-                            f"{name} is computed by no part of the graph",
-                            "export with a --check-part-size above the graph's size; please "
-                            "report it",
-                        )
-                    inputs.append(name)
-        outputs = [
-            out
-            for i in own
-            for out in graph.node[i].output
-            if out in graph_outputs or any(r > p for r in readers.get(out, ()))
-        ]
-        parts.append(Part(nodes, inputs, outputs))
-    missing = sorted(graph_outputs - {o for part in parts for o in part.outputs})
-    if missing:
-        raise ExportError(
-            f"the graph's outputs {missing[:3]} depend on no layer's cache: it cannot be checked "
-            "in parts",
-            "export with a --check-part-size above the graph's size",
-        )
-    return parts
+    own = [i for i in range(len(graph.node)) if owner[i] == p]
+    needed = set(own)
+    stack = list(own)
+    while stack:  # the level-less nodes these read, recomputed here
+        for name in graph.node[stack.pop()].input:
+            j = producer.get(name)
+            if j is not None and owner[j] is None and j not in needed:
+                needed.add(j)
+                stack.append(j)
+    nodes = sorted(needed)
+    made = {out for i in nodes for out in graph.node[i].output}
+    inputs: list[str] = []
+    for i in nodes:
+        for name in graph.node[i].input:
+            if name and name not in made and name not in sizes and name not in inputs:
+                if name not in graph_inputs and owner[producer[name]] is None:
+                    raise ExportError(
+                        f"{name} is computed by no part of the graph",
+                        "export with a --check-part-size above the graph's size; please report it",
+                    )
+                inputs.append(name)
+    outputs = [
+        out
+        for i in own
+        for out in graph.node[i].output
+        if out in graph_outputs or any(r > p for r in readers.get(out, ()))
+    ]
+    return Part(nodes, inputs, outputs)
 
 
 def observed_shape(values: list[np.ndarray], seqs: list[int]) -> list[int | str]:

@@ -18,11 +18,14 @@ graph/ops.py):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
+
+from specx.exporter.architecture import DECODER, Architecture, LayerPlan
 
 # (graph/trace.py imports the placeholder opset from here: re-exported)
 from specx.exporter.graph.ops import LATER_OPSET as LATER_OPSET
@@ -39,52 +42,10 @@ from specx.exporter.graph.ops import (
     tensor_scatter,
 )
 
-# model_type -> wrapper family; anything else is refused with this list.
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "llama": "decoder",
-    "mistral": "decoder",
-    "qwen2": "decoder",
-    "qwen3": "decoder",
-    "gemma3_text": "decoder",
-    "phi3": "decoder",
-    "smollm3": "decoder",
-    "granite": "decoder",
-    "olmo2": "decoder",
-    "gpt2": "gpt2",
-}
-
 
 def _conv1d(x: torch.Tensor, conv: Any) -> torch.Tensor:
     """GPT-2's Conv1D (x @ W + b) without its flatten/unflatten views (shape ops in ONNX)."""
     return torch.matmul(x, conv.weight) + conv.bias
-
-
-@dataclass(frozen=True)
-class LayerPlan:
-    """What differs between the layers of one model."""
-
-    rope: str | None  # which rotary table ("default", or a layer type for Gemma 3); None: NoPE
-    window: int | None  # sliding window (keys attended, the query's own included) or None
-
-
-def layer_plans(model: Any) -> list[LayerPlan]:
-    """Per layer: its rotary table and its attention window, read from the loaded modules."""
-    cfg = model.config
-    plans = []
-    for layer in model.model.layers:
-        attn = layer.self_attn
-        if hasattr(attn, "sliding_window"):  # per layer (Qwen2/3, Gemma 3, SmolLM3)
-            window = attn.sliding_window
-        else:  # one window for every layer, or none (Mistral, Phi-3; Llama has none)
-            window = getattr(cfg, "sliding_window", None)
-        if not getattr(attn, "use_rope", True):  # SmolLM3's NoPE layers
-            rope = None
-        elif getattr(attn, "layer_type", None) and cfg.model_type.startswith("gemma3"):
-            rope = str(attn.layer_type)  # Gemma 3: local and global rotary per layer type
-        else:
-            rope = "default"
-        plans.append(LayerPlan(rope, int(window) if window else None))
-    return plans
 
 
 class DecoderGraph(nn.Module):
@@ -97,39 +58,39 @@ class DecoderGraph(nn.Module):
     """
 
     def __init__(
-        self, model: Any, attention: str = "plain", max_length: int = 0, taps: tuple[int, ...] = ()
+        self,
+        model: Any,
+        arch: Architecture,
+        attention: str = "plain",
+        max_length: int = 0,
+        taps: tuple[int, ...] = (),
     ) -> None:
         super().__init__()
-        cfg = model.config
         self.taps = taps  # hidden states returned as `features` (runtime/artifact/contract.py)
         self._tapped: dict[int, torch.Tensor] = {}
         self.source = model
         self.model = model.model
         self.lm_head = model.lm_head
         self.attention = attention
-        self.num_heads = cfg.num_attention_heads
-        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
-        self.plans = layer_plans(model)
-        self.embedding_multiplier = float(getattr(cfg, "embedding_multiplier", 1.0) or 1.0)
-        self.residual_multiplier = float(getattr(cfg, "residual_multiplier", 1.0) or 1.0)
-        self.logits_scaling = float(getattr(cfg, "logits_scaling", 1.0) or 1.0)
-        self.final_softcap = getattr(cfg, "final_logit_softcapping", None)
+        self.num_heads, self.kv_heads, self.head_dim = arch.num_heads, arch.kv_heads, arch.head_dim
+        self.plans = arch.layers
+        self.rope_kinds = arch.rope_kinds()
+        self.scalars = arch.scalars
         layer = self.model.layers[0]
         self.fused_qkv = hasattr(layer.self_attn, "qkv_proj")
         self.sandwich = hasattr(layer, "pre_feedforward_layernorm")  # Gemma: norm before and after
         self.post_norm = not hasattr(layer, "input_layernorm")  # OLMo2: norm after each block
         if attention == "gqa":
             dtype = next(model.parameters()).dtype
-            for kind in sorted({p.rope for p in self.plans if p.rope is not None}):
+            for kind in self.rope_kinds:
                 cos, sin = rotary_caches(model, kind, max_length, dtype)
                 self.register_buffer(f"cos_{kind}", cos, persistent=False)
                 self.register_buffer(f"sin_{kind}", sin, persistent=False)
 
     def forward(self, input_ids: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
         hidden = self.model.embed_tokens(input_ids)  # [batch, seq, hidden]
-        if self.embedding_multiplier != 1.0:
-            hidden = hidden * self.embedding_multiplier
+        if self.scalars.embedding != 1.0:
+            hidden = hidden * self.scalars.embedding
         if self.attention == "gqa":
             hidden, kv = self._layers_gqa(hidden, rest[0], rest[1], rest[2:])
         elif self.attention == "batched":
@@ -138,10 +99,11 @@ class DecoderGraph(nn.Module):
             hidden, kv = self._layers_plain(hidden, rest[0], rest[1:])
         normed = self.model.norm(hidden)
         logits = lm_head_logits(normed, self.lm_head)  # [batch, seq, vocab]
-        if self.logits_scaling != 1.0:
-            logits = logits / self.logits_scaling
-        if self.final_softcap:
-            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        if self.scalars.logits_divisor != 1.0:
+            logits = logits / self.scalars.logits_divisor
+        softcap = self.scalars.final_softcap
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
         if not self.taps:
             return (logits, *kv)
         self._tap(len(self.model.layers), normed)
@@ -172,7 +134,7 @@ class DecoderGraph(nn.Module):
 
     def _block(self, layer: Any, hidden: torch.Tensor, attend: Any) -> torch.Tensor:
         """One layer around its attention (`attend(x) -> [batch, seq, hidden]` after o_proj)."""
-        scale = self.residual_multiplier
+        scale = self.scalars.residual
         x = hidden if self.post_norm else layer.input_layernorm(hidden)
         out = attend(x)
         if self.post_norm or self.sandwich:
@@ -194,14 +156,24 @@ class DecoderGraph(nn.Module):
         0 .. keys - 1."""
         tables = {
             kind: rotary(self.source, kind, hidden, position_ids)
-            for kind in {p.rope for p in self.plans if p.rope is not None}
+            for kind in self.rope_kinds  # sorted: a set's order would vary the node names
         }
         groups = self.num_heads // self.kv_heads
         biases = {
             w: attention_bias(position_ids, keys, hidden.dtype, groups, w)
-            for w in {p.window for p in self.plans}
+            for w in sorted({p.window for p in self.plans}, key=lambda w: w or 0)  # as rope_kinds
         }
         return tables, biases
+
+    def _layers(
+        self, hidden: torch.Tensor, attend: Callable[[int, Any, LayerPlan, torch.Tensor], Any]
+    ) -> torch.Tensor:
+        """Every layer in turn; `attend(i, attn, plan, x)` is layer i's attention (after o_proj)
+        in the graph's variant."""
+        for i, (layer, plan) in enumerate(zip(self.model.layers, self.plans, strict=True)):
+            self._tap(i, hidden)
+            hidden = self._block(layer, hidden, partial(attend, i, layer.self_attn, plan))
+        return hidden
 
     def _layers_plain(
         self, hidden: torch.Tensor, position_ids: torch.Tensor, past: tuple[torch.Tensor, ...]
@@ -209,31 +181,25 @@ class DecoderGraph(nn.Module):
         heads, kv, dim = self.num_heads, self.kv_heads, self.head_dim
         tables, biases = self._positions(hidden, position_ids, past[0].shape[1] + hidden.shape[1])
         new_kv: list[torch.Tensor] = []
-        for i, (layer, plan) in enumerate(zip(self.model.layers, self.plans, strict=True)):
-            attn = layer.self_attn
 
-            def attend(
-                x: torch.Tensor, attn: Any = attn, plan: LayerPlan = plan, i: int = i
-            ) -> Any:
-                q, k, v = self._qkv(attn, x)
-                q = reshape(q, 0, -1, heads, dim).transpose(1, 2)  # [batch, heads, seq, dim]
-                k = reshape(k, 0, -1, kv, dim)  # [batch, seq, kv_heads, head_dim]
-                v = reshape(v, 0, -1, kv, dim)
-                if plan.rope is not None:
-                    cos, sin = tables[plan.rope]
-                    q = apply_rotary(q, cos[:, None], sin[:, None])
-                    k = apply_rotary(k, cos[:, :, None], sin[:, :, None])  # the cache layout
-                new_kv.extend([k, v])
-                keys = torch.cat([past[2 * i], k], dim=1)  # [batch, total, kv_heads, head_dim]
-                values = torch.cat([past[2 * i + 1], v], dim=1)
-                out = grouped_attention(
-                    q, keys, values, biases[plan.window], attn.scaling, heads, kv, dim
-                )
-                return attn.o_proj(out)
+        def attend(i: int, attn: Any, plan: LayerPlan, x: torch.Tensor) -> Any:
+            q, k, v = self._qkv(attn, x)
+            q = reshape(q, 0, -1, heads, dim).transpose(1, 2)  # [batch, heads, seq, dim]
+            k = reshape(k, 0, -1, kv, dim)  # [batch, seq, kv_heads, head_dim]
+            v = reshape(v, 0, -1, kv, dim)
+            if plan.rope is not None:
+                cos, sin = tables[plan.rope]
+                q = apply_rotary(q, cos[:, None], sin[:, None])
+                k = apply_rotary(k, cos[:, :, None], sin[:, :, None])  # the cache layout
+            new_kv.extend([k, v])
+            keys = torch.cat([past[2 * i], k], dim=1)  # [batch, total, kv_heads, head_dim]
+            values = torch.cat([past[2 * i + 1], v], dim=1)
+            out = grouped_attention(
+                q, keys, values, biases[plan.window], attn.scaling, heads, kv, dim
+            )
+            return attn.o_proj(out)
 
-            self._tap(i, hidden)
-            hidden = self._block(layer, hidden, attend)
-        return hidden, new_kv
+        return self._layers(hidden, attend), new_kv
 
     def _layers_batched(
         self,
@@ -246,31 +212,25 @@ class DecoderGraph(nn.Module):
         # Key slot j holds position j in every row: the mask compares slots with positions.
         tables, biases = self._positions(hidden, position_ids, past[0].shape[2])
         present: list[torch.Tensor] = []
-        for i, (layer, plan) in enumerate(zip(self.model.layers, self.plans, strict=True)):
-            attn = layer.self_attn
 
-            def attend(
-                x: torch.Tensor, attn: Any = attn, plan: LayerPlan = plan, i: int = i
-            ) -> Any:
-                q, k, v = self._qkv(attn, x)
-                q = reshape(q, 0, -1, heads, dim).transpose(1, 2)  # [batch, heads, seq, dim]
-                k = reshape(k, 0, -1, kv, dim).transpose(1, 2)  # [batch, kv_heads, seq, dim]
-                v = reshape(v, 0, -1, kv, dim).transpose(1, 2)
-                if plan.rope is not None:
-                    cos, sin = tables[plan.rope]
-                    q = apply_rotary(q, cos[:, None], sin[:, None])
-                    k = apply_rotary(k, cos[:, None], sin[:, None])
-                keys = tensor_scatter(past[2 * i], k, write_indices)  # in place
-                values = tensor_scatter(past[2 * i + 1], v, write_indices)
-                present.extend([keys, values])
-                out = grouped_attention(
-                    q, keys, values, biases[plan.window], attn.scaling, heads, kv, dim, True
-                )
-                return attn.o_proj(out)
+        def attend(i: int, attn: Any, plan: LayerPlan, x: torch.Tensor) -> Any:
+            q, k, v = self._qkv(attn, x)
+            q = reshape(q, 0, -1, heads, dim).transpose(1, 2)  # [batch, heads, seq, dim]
+            k = reshape(k, 0, -1, kv, dim).transpose(1, 2)  # [batch, kv_heads, seq, dim]
+            v = reshape(v, 0, -1, kv, dim).transpose(1, 2)
+            if plan.rope is not None:
+                cos, sin = tables[plan.rope]
+                q = apply_rotary(q, cos[:, None], sin[:, None])
+                k = apply_rotary(k, cos[:, None], sin[:, None])
+            keys = tensor_scatter(past[2 * i], k, write_indices)  # in place
+            values = tensor_scatter(past[2 * i + 1], v, write_indices)
+            present.extend([keys, values])
+            out = grouped_attention(
+                q, keys, values, biases[plan.window], attn.scaling, heads, kv, dim, True
+            )
+            return attn.o_proj(out)
 
-            self._tap(i, hidden)
-            hidden = self._block(layer, hidden, attend)
-        return hidden, present
+        return self._layers(hidden, attend), present
 
     def _layers_gqa(
         self,
@@ -280,61 +240,48 @@ class DecoderGraph(nn.Module):
         past: tuple[torch.Tensor, ...],
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         present: list[torch.Tensor] = []
-        for i, (layer, plan) in enumerate(zip(self.model.layers, self.plans, strict=True)):
-            attn = layer.self_attn
+
+        def attend(i: int, attn: Any, plan: LayerPlan, x: torch.Tensor) -> Any:
             tables = None
             if plan.rope is not None:
                 tables = (getattr(self, f"cos_{plan.rope}"), getattr(self, f"sin_{plan.rope}"))
+            q, k, v = self._qkv(attn, x)
+            out, new_k, new_v = gqa_attention(
+                q,
+                k,
+                v,
+                past[2 * i],
+                past[2 * i + 1],
+                seqlens_k,
+                total,
+                tables,
+                self.num_heads,
+                self.kv_heads,
+                float(attn.scaling),
+                plan.window,
+            )
+            present.extend([new_k, new_v])
+            return attn.o_proj(out)
 
-            def attend(
-                x: torch.Tensor,
-                attn: Any = attn,
-                plan: LayerPlan = plan,
-                i: int = i,
-                tables: Any = tables,
-            ) -> Any:
-                q, k, v = self._qkv(attn, x)
-                out, new_k, new_v = gqa_attention(
-                    q,
-                    k,
-                    v,
-                    past[2 * i],
-                    past[2 * i + 1],
-                    seqlens_k,
-                    total,
-                    tables,
-                    self.num_heads,
-                    self.kv_heads,
-                    float(attn.scaling),
-                    plan.window,
-                )
-                present.extend([new_k, new_v])
-                return attn.o_proj(out)
-
-            self._tap(i, hidden)
-            hidden = self._block(layer, hidden, attend)
-        return hidden, present
+        return self._layers(hidden, attend), present
 
 
 class GPT2Graph(nn.Module):
     """GPT-2 style: learned positions, LayerNorm, fused QKV (Conv1D), GELU MLP."""
 
-    def __init__(self, model: Any, attention: str = "plain", max_length: int = 0) -> None:
+    def __init__(self, model: Any, arch: Architecture, attention: str = "plain") -> None:
         super().__init__()
-        cfg = model.config
         self.attention = attention
         self.transformer = model.transformer
         self.lm_head = model.lm_head
-        self.num_heads = cfg.n_head
-        self.head_dim = cfg.n_embd // cfg.n_head
-        self.scale_by_dim = bool(getattr(cfg, "scale_attn_weights", True))
-        self.scale_by_layer = bool(getattr(cfg, "scale_attn_by_inverse_layer_idx", False))
+        self.num_heads, self.head_dim = arch.num_heads, arch.head_dim
+        self.scalars = arch.scalars
 
     def _scale(self, layer: int) -> float:
         scale = 1.0
-        if self.scale_by_dim:
+        if self.scalars.attention_by_dim:
             scale /= float(self.head_dim) ** 0.5
-        if self.scale_by_layer:
+        if self.scalars.attention_by_layer:
             scale /= float(layer + 1)
         return scale
 
@@ -397,37 +344,17 @@ class GPT2Graph(nn.Module):
 
 
 def make_graph_module(
-    model: Any, attention: str = "plain", max_length: int = 0, taps: tuple[int, ...] = ()
+    model: Any,
+    arch: Architecture,
+    attention: str = "plain",
+    max_length: int = 0,
+    taps: tuple[int, ...] = (),
 ) -> nn.Module:
-    """taps: the hidden states the graph also returns as `features` (decoder family only)."""
-    family = SUPPORTED_ARCHITECTURES[model.config.model_type]
+    """The traced module of `model` (described by `arch`); taps: the hidden states the graph
+    also returns as `features` (Llama lineage only)."""
     module: nn.Module
-    if family == "decoder":
-        module = DecoderGraph(model, attention, max_length, taps)
+    if arch.family.graph == DECODER:
+        module = DecoderGraph(model, arch, attention, max_length, taps)
     else:
-        module = GPT2Graph(model, attention, max_length)
+        module = GPT2Graph(model, arch, attention)
     return module.eval()
-
-
-def gqa_unsupported(model: Any) -> str | None:
-    """Why GroupQueryAttention cannot run this model's attention (None: it can). The op needs
-    head_dim a multiple of 16 and each rotary table's half width a multiple of 8."""
-    if SUPPORTED_ARCHITECTURES[model.config.model_type] != "decoder":
-        return None
-    cfg = model.config
-    heads = cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    if head_dim % 16:
-        return f"head_dim {head_dim} is not a multiple of 16"
-    dtype = next(model.parameters()).dtype
-    for kind in sorted({p.rope for p in layer_plans(model) if p.rope is not None}):
-        half = rotary_caches(model, kind, 1, dtype)[0].shape[-1]
-        if half % 8:
-            return f"its rotary embedding turns {2 * half} of {head_dim} dims, not a multiple of 16"
-    return None
-
-
-def uses_position_ids(model: Any, attention: str) -> bool:
-    """Whether the graph takes position_ids: always for plain and batched graphs; for gqa only where
-    positions are learned embeddings (GPT-2), since the op rotates by the cache length itself."""
-    return attention != "gqa" or SUPPORTED_ARCHITECTURES[model.config.model_type] == "gpt2"

@@ -6,19 +6,17 @@ never spells them itself.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from specx.exporter.graph.modules import (
-    LATER_OPSET,
-    LATER_OPSET_DOMAIN,
-    make_graph_module,
-    uses_position_ids,
-)
+from specx.exporter.architecture import Architecture
+from specx.exporter.graph.modules import LATER_OPSET, LATER_OPSET_DOMAIN, make_graph_module
 from specx.exporter.graph.weights import (
     ExternalData,
     GraphWeights,
@@ -35,36 +33,6 @@ from specx.runtime.errors import ExportError
 
 # Graphs larger than this keep their weights in a side file (protobuf's 2 GB limit).
 EXTERNAL_DATA_BYTES = 1_800_000_000
-
-
-def model_dims(src: SourceModel) -> dict[str, int]:
-    cfg = src.config
-    if src.model_type == "gpt2":
-        heads = cfg.n_head
-        return {
-            "num_layers": cfg.n_layer,
-            "num_heads": heads,
-            "kv_heads": heads,
-            "head_dim": cfg.n_embd // heads,
-            "hidden_size": cfg.n_embd,
-            "max_positions": cfg.n_positions,
-        }
-    heads = cfg.num_attention_heads
-    max_positions = int(cfg.max_position_embeddings)
-    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    if rope.get("rope_type", rope.get("type")) == "longrope":
-        # LongRoPE switches every position's frequencies once a sequence outgrows the original
-        # context, which a cache of already-rotated keys cannot follow: exact up to there.
-        original = getattr(cfg, "original_max_position_embeddings", None) or max_positions
-        max_positions = min(max_positions, int(original))
-    return {
-        "num_layers": cfg.num_hidden_layers,
-        "num_heads": heads,
-        "kv_heads": getattr(cfg, "num_key_value_heads", None) or heads,
-        "head_dim": getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-        "hidden_size": cfg.hidden_size,
-        "max_positions": max_positions,
-    }
 
 
 def _dynamic_axes(
@@ -215,67 +183,177 @@ def save_graph(
         onnx.save_model(model, str(out))
 
 
-def export_graph(
-    src: SourceModel,
-    folder: Path,
-    role: str,
-    graph_name: str,
-    max_length: int,
-    pair_id: str,
-    opset: int,
-    log: Log,
-    precision: str = "fp32",
-    attention: str = "plain",
-    taps: tuple[int, ...] = (),
-    compute: str = "int8",
-    wide: str = "carry",
-) -> ModelSpec:
-    """Trace `src` into folder/graph_name and describe it; parity is checked separately.
+@dataclass(frozen=True)
+class GraphRecipe:
+    """What one traced graph of a model is to be (export_graph).
 
     precision "fp16": weights, activations and caches in float16 (a half copy of the model is
     traced; the source model stays float32 for the parity reference); logits stay float32.
     "int8" / "int4": float32 activations and caches, weights as MatMulNBits blocks
-    (weights/nbits.py),
-    carried from the GGUF file the model came from where their format maps exactly; `compute`
-    says how MatMulNBits multiplies (nbits.COMPUTE), `wide` what becomes of GGUF blocks wider
-    than the precision (nbits.WIDE_BLOCKS).
+    (weights/nbits.py), carried from the GGUF file the model came from where their format maps
+    exactly; `compute` says how MatMulNBits multiplies (nbits.COMPUTE), `wide` what becomes of
+    GGUF blocks wider than the precision (nbits.WIDE_BLOCKS).
     attention "plain" (standard ONNX, for TensorRT), "gqa" (ONNX Runtime's in-place attention) or
     "batched" (several sequences at their own lengths per pass). taps: hidden states the graph
     also returns as `features`, for a feature draft (runtime/artifact/contract.py).
     """
+
+    role: str  # "target" or "draft"
+    graph: str  # its file name in the artifact folder
+    max_length: int  # cache positions (cut to the model's own)
+    pair_id: str
+    opset: int
+    precision: str = "fp32"
+    attention: str = "plain"
+    taps: tuple[int, ...] = ()
+    compute: str = "int8"
+    wide: str = "carry"
+
+
+def export_graph(src: SourceModel, folder: Path, recipe: GraphRecipe, log: Log) -> ModelSpec:
+    """Trace `src` into folder/recipe.graph and describe it; parity is checked separately."""
     import torch
 
-    dims = model_dims(src)
-    dtype = "float16" if precision == "fp16" else "float32"
-    torch_dtype = torch.float16 if precision == "fp16" else torch.float32
-    if max_length > dims["max_positions"]:
-        log(
-            f"  {role}: --max-length {max_length} exceeds the model's {dims['max_positions']} "
-            f"positions; using {dims['max_positions']}"
-        )
-        max_length = dims["max_positions"]
+    arch = src.architecture
+    dtype = "float16" if recipe.precision == "fp16" else "float32"  # caches and activations
+    max_length = _served_length(arch, recipe, log)
+    _check_taps(arch, recipe.taps)
+    spec = _graph_spec(src, recipe, dtype, max_length)
+    traced = stand_in(src.config, getattr(torch, dtype))
+    module = make_graph_module(traced, arch, recipe.attention, max_length, recipe.taps)
+    t0 = time.perf_counter()
+    model = _trace(src, folder, recipe, spec, module, getattr(torch, dtype), log)
+    trace_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    weights, quantization = _stream_weights(model, src, folder, recipe, module, traced, log)
+    stamp_io_shapes(model, spec.inputs, spec.outputs)
+    params, nbytes = weight_stats(model)
+    if recipe.precision in QUANTIZED:  # the initializers count packed codes and scales, not
+        # weights: the source's parameters, a head tied to the table counted twice as the graph
+        # holds both
+        params = sum(int(np.prod(shape)) for shape in weights.source.shapes.values())
+    role = recipe.role
+    save_graph(model, folder, recipe.graph, role, src.source, recipe.pair_id, max_length, nbytes)
+    log(
+        f"  {role}: traced in {trace_s:.1f} s, weights streamed in "
+        f"{time.perf_counter() - t0:.1f} s: {params / 1e6:.1f}M parameters, {nbytes / 1e6:.0f} MB"
+    )
+    return dataclasses.replace(
+        spec,
+        num_parameters=params,
+        weight_bytes=nbytes,
+        operators=graph_operators(model),
+        parity={"weights": quantization} if quantization else {},
+    )
+
+
+def _graph_spec(src: SourceModel, recipe: GraphRecipe, dtype: str, max_length: int) -> ModelSpec:
+    """The graph's description before it is traced: its contract I/O (caches in `dtype`) and the
+    model's dimensions; weights, operators and parity come once it is written."""
+    arch = src.architecture
+    layers, kv, hd, attention = arch.num_layers, arch.kv_heads, arch.head_dim, recipe.attention
     vocab = model_vocab_size(src)
-    layers, kv, hd = dims["num_layers"], dims["kv_heads"], dims["head_dim"]
-    with_positions = uses_position_ids(src.model, attention)
-    inputs = contract.graph_inputs(layers, kv, hd, dtype, attention, with_positions)
-    if taps and src.model_type == "gpt2":
+    inputs = contract.graph_inputs(
+        layers, kv, hd, dtype, attention, arch.takes_position_ids(attention)
+    )
+    features = len(recipe.taps) * arch.hidden_size
+    outputs = contract.graph_outputs(layers, kv, hd, vocab, dtype, attention, features)
+    return ModelSpec(
+        role=recipe.role,
+        name=Path(recipe.graph).stem,
+        graph=recipe.graph,
+        architecture=src.model_type,
+        source=src.source,
+        num_layers=layers,
+        num_heads=arch.num_heads,
+        kv_heads=kv,
+        head_dim=hd,
+        hidden_size=arch.hidden_size,
+        vocab_size=vocab,
+        max_length=max_length,
+        dtype=dtype,
+        num_parameters=0,
+        weight_bytes=0,
+        inputs=inputs,
+        outputs=outputs,
+        variant=recipe.precision,
+        attention=attention,
+        feature_layers=recipe.taps,
+    )
+
+
+def _trace(
+    src: SourceModel,
+    folder: Path,
+    recipe: GraphRecipe,
+    spec: ModelSpec,
+    module: Any,
+    torch_dtype: Any,
+    log: Log,
+) -> Any:
+    """The traced graph of `module`, its weights still inputs (_stream_weights makes them
+    initializers)."""
+    attention = recipe.attention
+    args, opset = _dummy_args(src.architecture, recipe, torch_dtype)
+    log(
+        f"  {recipe.role}: tracing {src.model_type} ({spec.num_layers} layers, {attention} "
+        f"attention, {recipe.precision}) to ONNX opset "
+        f"{LATER_OPSET if attention == 'batched' else opset}"
+    )
+    model = trace_graph(
+        module,
+        args,
+        folder / f".{recipe.graph}.raw",
+        spec.inputs,
+        spec.outputs,
+        opset,
+        CUSTOM_OPSETS.get(attention),
+        f"tracing {src.source} failed",
+        "report this with the model's config.json",
+        weights_as_inputs=True,
+    )
+    if attention == "batched":
+        raise_opset(model)
+    return model
+
+
+def _served_length(arch: Architecture, recipe: GraphRecipe, log: Log) -> int:
+    """The recipe's cache positions, cut to what the model supports."""
+    if recipe.max_length <= arch.max_positions:
+        return recipe.max_length
+    log(
+        f"  {recipe.role}: --max-length {recipe.max_length} exceeds the model's "
+        f"{arch.max_positions} positions; using {arch.max_positions}"
+    )
+    return arch.max_positions
+
+
+def _check_taps(arch: Architecture, taps: tuple[int, ...]) -> None:
+    """Refuse target layers a feature draft reads that the model lacks."""
+    if taps and not arch.llama_lineage:
         raise ExportError(
             "feature drafts (EAGLE heads) need a target of the Llama lineage, not gpt2",
             "use a model draft, int8/int4 or ngram with this target",
         )
+    layers = arch.num_layers
     if any(not 0 <= t <= layers for t in taps):
         raise ExportError(
             f"a feature draft reads target layers {list(taps)}, but the target has {layers} "
             f"(taps 0..{layers})",
             "the head was trained for another target; use the head made for this one",
         )
-    features = len(taps) * dims["hidden_size"]
-    outputs = contract.graph_outputs(layers, kv, hd, vocab, dtype, attention, features)
-    traced = stand_in(src.config, torch_dtype)
-    module = make_graph_module(traced, attention, max_length, taps)
-    # Dummy inputs: 3 new tokens on top of 2 past positions; every axis is dynamic.
+
+
+def _dummy_args(
+    arch: Architecture, recipe: GraphRecipe, torch_dtype: Any
+) -> tuple[tuple[Any, ...], int]:
+    """The tracer's inputs: 3 new tokens on top of 2 past positions (every axis is dynamic),
+    and the opset to trace at."""
+    import torch
+
+    kv, hd, attention, opset = arch.kv_heads, arch.head_dim, recipe.attention, recipe.opset
     args: list[torch.Tensor] = [torch.tensor([[1, 2, 3]], dtype=torch.long)]
-    if with_positions:
+    if arch.takes_position_ids(attention):
         args.append(torch.tensor([[2, 3, 4]], dtype=torch.long))
     if attention == "gqa":
         args += [torch.tensor([4], dtype=torch.int32), torch.tensor(5, dtype=torch.int32)]
@@ -288,36 +366,34 @@ def export_graph(
         opset = max(opset, BATCHED_TRACE_OPSET)
     else:
         cache_shape = (1, 2, kv, hd)
-    args += [torch.zeros(*cache_shape, dtype=torch_dtype) for _ in range(2 * layers)]
-    log(
-        f"  {role}: tracing {src.model_type} ({layers} layers, {attention} attention, "
-        f"{precision}) to ONNX opset {LATER_OPSET if attention == 'batched' else opset}"
-    )
-    t0 = time.perf_counter()
-    model = trace_graph(
-        module,
-        tuple(args),
-        folder / f".{graph_name}.raw",
-        inputs,
-        outputs,
-        opset,
-        CUSTOM_OPSETS.get(attention),
-        f"tracing {src.source} failed",
-        "report this with the model's config.json",
-        weights_as_inputs=True,
-    )
-    trace_s = time.perf_counter() - t0
-    if attention == "batched":
-        raise_opset(model)
-    t0 = time.perf_counter()
-    writer = ExternalData(model.graph, folder / f"{graph_name}.data")
+    args += [torch.zeros(*cache_shape, dtype=torch_dtype) for _ in range(2 * arch.num_layers)]
+    return tuple(args), opset
+
+
+def _stream_weights(
+    model: Any,
+    src: SourceModel,
+    folder: Path,
+    recipe: GraphRecipe,
+    module: Any,
+    traced: Any,
+    log: Log,
+) -> tuple[GraphWeights, dict[str, Any] | None]:
+    """The traced graph's weight inputs made initializers, written to <graph>.data as they
+    come (float, or MatMulNBits blocks); the weights and the quantization's report."""
+    role, precision = recipe.role, recipe.precision
+    writer = ExternalData(model.graph, folder / f"{recipe.graph}.data")
+    layers = src.architecture.num_layers
     weights = GraphWeights(graph_states(module, traced), src.weights, writer, log, layers, role)
     quantization = None
     try:
         if precision in QUANTIZED:
             embedding = _param_name(traced, traced.get_input_embeddings().weight)
             bits = int(precision[3:])
-            report = quantize_graph(model, bits, vocab, weights, embedding, compute, wide)
+            vocab = model_vocab_size(src)
+            report = quantize_graph(
+                model, bits, vocab, weights, embedding, recipe.compute, recipe.wide
+            )
             quantization = report.to_json()
             log(f"  {role}: {precision} weights: {report.summary()}")
         else:
@@ -325,40 +401,7 @@ def export_graph(
     finally:
         writer.close()
     drop_weight_inputs(model, weights)
-    stamp_io_shapes(model, inputs, outputs)
-    params, nbytes = weight_stats(model)
-    if precision in QUANTIZED:  # the initializers count packed codes and scales, not weights:
-        # the source's parameters, a head tied to the table counted twice as the graph holds both
-        params = sum(int(np.prod(shape)) for shape in weights.source.shapes.values())
-    save_graph(model, folder, graph_name, role, src.source, pair_id, max_length, nbytes)
-    log(
-        f"  {role}: traced in {trace_s:.1f} s, weights streamed in "
-        f"{time.perf_counter() - t0:.1f} s: {params / 1e6:.1f}M parameters, {nbytes / 1e6:.0f} MB"
-    )
-    return ModelSpec(
-        role=role,
-        name=Path(graph_name).stem,
-        graph=graph_name,
-        architecture=src.model_type,
-        source=src.source,
-        num_layers=layers,
-        num_heads=dims["num_heads"],
-        kv_heads=kv,
-        head_dim=hd,
-        hidden_size=dims["hidden_size"],
-        vocab_size=vocab,
-        max_length=max_length,
-        dtype=dtype,
-        num_parameters=params,
-        weight_bytes=nbytes,
-        inputs=inputs,
-        outputs=outputs,
-        variant=precision,
-        operators=graph_operators(model),
-        attention=attention,
-        feature_layers=taps,
-        parity={"weights": quantization} if quantization else {},
-    )
+    return weights, quantization
 
 
 def _param_name(model: Any, param: Any) -> str:

@@ -118,49 +118,12 @@ def export_head(
 def check_head_parity(head: FeatureHead, folder: Path, spec: ModelSpec, log: Log) -> dict:
     """The graph against the module: a catch-up pass of 6 pairs from random features, then 3
     one-token passes on the head's own hidden_out."""
-    import torch
-
-    cfg = head.cfg
     rng = np.random.default_rng(2)
     n, steps = 6, 3
     ids = rng.integers(0, head.target_vocab, size=n + steps).astype(np.int64)
-    features = rng.standard_normal((n, cfg.feature_size)).astype(np.float32)
-    session = OrtSession(folder / spec.graph, spec, ["cpu"], max_chunk=n)
-    cache = session.new_cache(n + steps)
-    got_logits, got_hidden = session.forward_head(ids[:n], features, None, cache)
-    got = [got_logits.copy()]
-    hidden = got_hidden[-1:].copy()
-    kv = cfg.kv_heads, cfg.head_dim
-    with torch.no_grad():
-        empty = torch.zeros(1, 0, *kv)
-        want_logits, want_hidden, key, value = head(
-            torch.from_numpy(ids[None, :n]),
-            torch.arange(n)[None],
-            torch.from_numpy(features[None]),
-            torch.zeros(1, n, cfg.hidden_size),
-            torch.ones(1, n, 1, dtype=torch.bool),
-            empty,
-            empty,
-        )
-        want = [want_logits[0].numpy()]
-        want_h = want_hidden[0, -1:]
-        for i in range(steps):
-            tok = ids[n + i : n + i + 1]
-            lg, hd = session.forward_head(tok, None, hidden, cache)
-            got.append(lg.copy())
-            hidden = hd.copy()
-            lw, hw, k, v = head(
-                torch.from_numpy(tok[None]),
-                torch.tensor([[n + i]]),
-                torch.zeros(1, 1, cfg.feature_size),
-                want_h[None],
-                torch.zeros(1, 1, 1, dtype=torch.bool),
-                key,
-                value,
-            )
-            key, value = torch.cat([key, k], 1), torch.cat([value, v], 1)
-            want.append(lw[0].numpy())
-            want_h = hw[0]
+    features = rng.standard_normal((n, head.cfg.feature_size)).astype(np.float32)
+    got = _graph_logits(folder, spec, ids, features)
+    want = _module_logits(head, ids, features)
     worst = 0.0
     agree = total = 0
     for g, w in zip(got, want, strict=True):
@@ -179,8 +142,8 @@ def check_head_parity(head: FeatureHead, folder: Path, spec: ModelSpec, log: Log
     )
     if not worst <= tolerance:
         raise ExportError(
-            f"the exported {cfg.kind} head disagrees with its checkpoint: max |logit difference| "
-            f"{worst:.3g} > tolerance {tolerance:.3g}",
+            f"the exported {head.cfg.kind} head disagrees with its checkpoint: max |logit "
+            f"difference| {worst:.3g} > tolerance {tolerance:.3g}",
             "this is a bug in the exporter for this head; please report it",
         )
     return {
@@ -189,3 +152,55 @@ def check_head_parity(head: FeatureHead, folder: Path, spec: ModelSpec, log: Log
         "argmax_agreement": agree / max(1, total),
         "passed": True,
     }
+
+
+def _graph_logits(
+    folder: Path, spec: ModelSpec, ids: np.ndarray, features: np.ndarray
+) -> list[np.ndarray]:
+    """The graph's logits through the runtime: a catch-up pass over the pairs of `features`,
+    then one pass per remaining id on its own hidden_out."""
+    n = len(features)
+    session = OrtSession(folder / spec.graph, spec, ["cpu"], max_chunk=n)
+    cache = session.new_cache(len(ids))
+    logits, hidden_out = session.forward_head(ids[:n], features, None, cache)
+    got = [logits.copy()]
+    hidden = hidden_out[-1:].copy()
+    for i in range(n, len(ids)):
+        logits, hidden_out = session.forward_head(ids[i : i + 1], None, hidden, cache)
+        got.append(logits.copy())
+        hidden = hidden_out.copy()
+    return got
+
+
+def _module_logits(head: FeatureHead, ids: np.ndarray, features: np.ndarray) -> list[np.ndarray]:
+    """The same passes through the torch module, its cache kept as concatenated keys/values."""
+    import torch
+
+    cfg, n = head.cfg, len(features)
+    with torch.no_grad():
+        empty = torch.zeros(1, 0, cfg.kv_heads, cfg.head_dim)
+        logits, hidden, key, value = head(
+            torch.from_numpy(ids[None, :n]),
+            torch.arange(n)[None],
+            torch.from_numpy(features[None]),
+            torch.zeros(1, n, cfg.hidden_size),
+            torch.ones(1, n, 1, dtype=torch.bool),
+            empty,
+            empty,
+        )
+        want = [logits[0].numpy()]
+        last = hidden[0, -1:]
+        for i in range(n, len(ids)):
+            logits, hidden, k, v = head(
+                torch.from_numpy(ids[None, i : i + 1]),
+                torch.tensor([[i]]),
+                torch.zeros(1, 1, cfg.feature_size),
+                last[None],
+                torch.zeros(1, 1, 1, dtype=torch.bool),
+                key,
+                value,
+            )
+            key, value = torch.cat([key, k], 1), torch.cat([value, v], 1)
+            want.append(logits[0].numpy())
+            last = hidden[0]
+    return want

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from specx.exporter.architecture import describe
 from specx.exporter.drafts import HEAD_CONFIG as CONFIG
 from specx.exporter.graph.ops import apply_rotary, attention_bias, grouped_attention, reshape
 from specx.runtime.errors import ExportError
@@ -245,30 +246,64 @@ def read_head(path: str | Path, target_layers: int) -> HeadCheckpoint:
     raw = _read_weights(folder)
     speculators = data.get("speculators_model_type")
     layer_cfg = data.get("transformer_layer_config", data) if speculators else data
-    if speculators == "eagle3" or any(k.startswith("midlayer.") for k in raw):
-        kind = "eagle3"
-        prefix = "layers.0." if speculators else "midlayer."
-    elif speculators == "eagle" or "fc.weight" in raw:
-        kind = "eagle"
-        prefix = "transformer." if speculators else "layers.0."
-    else:
-        raise ExportError(
-            f"{folder}: neither an EAGLE nor a speculators head (no fc/fusion_fc weights)",
-            "pass a folder written by EAGLE's or speculators' training, or by `specx distill`",
-        )
+    kind, prefix = _layout(folder, speculators, raw)
     hidden = _int(layer_cfg, "hidden_size", where)
     heads = _int(layer_cfg, "num_attention_heads", where)
     kv = _int(layer_cfg, "num_key_value_heads", where, heads)
-    head_dim = layer_cfg.get("head_dim") or hidden // heads
-    target_hidden = int(data.get("target_hidden_size") or hidden)
+    weights = _head_weights(folder, data, raw, kind, prefix)
+    draft_to_target = None
+    if "d2t" in raw:
+        d2t = raw["d2t"].long()
+        draft_to_target = torch.arange(d2t.shape[0]) + d2t
     if kind == "eagle3":
-        taps = data.get("eagle_aux_hidden_state_layer_ids") or [
-            2,
-            target_layers // 2,
-            target_layers - 3,
-        ]
+        default_taps = [2, target_layers // 2, target_layers - 3]
+        taps = data.get("eagle_aux_hidden_state_layer_ids") or default_taps
     else:
         taps = [target_layers]  # the final normed hidden state
+    cfg = HeadConfig(
+        kind=kind,
+        layout="speculators" if speculators else "eagle",
+        hidden_size=hidden,
+        num_heads=heads,
+        kv_heads=kv,
+        head_dim=int(layer_cfg.get("head_dim") or hidden // heads),
+        intermediate_size=_int(layer_cfg, "intermediate_size", where),
+        rms_eps=float(layer_cfg.get("rms_norm_eps", 1e-6)),
+        taps=tuple(int(t) for t in taps),
+        target_hidden=int(data.get("target_hidden_size") or hidden),
+        fc_bias="fc.bias" in weights,
+        # EAGLE-1's first (only) layer skips its input norm; speculators keep it with layernorms
+        input_norm=kind == "eagle" and "input_norm.weight" in weights and bool(speculators),
+        embed_norm="embed_norm.weight" in weights,
+        head_norm="norm.weight" in weights,
+        norm_before_residual=bool(data.get("norm_before_residual", False)),
+        rope={
+            k: layer_cfg[k]
+            for k in ("rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings")
+            if layer_cfg.get(k) is not None
+        },
+    )
+    return HeadCheckpoint(cfg, weights, draft_to_target, str(folder))
+
+
+def _layout(folder: Path, speculators: str | None, raw: dict[str, Any]) -> tuple[str, str]:
+    """(kind, the layer's name prefix) of a checkpoint: EAGLE-3 or EAGLE-1/2, in the authors' or
+    speculators' names."""
+    if speculators == "eagle3" or any(k.startswith("midlayer.") for k in raw):
+        return "eagle3", "layers.0." if speculators else "midlayer."
+    if speculators == "eagle" or "fc.weight" in raw:
+        return "eagle", "transformer." if speculators else "layers.0."
+    raise ExportError(
+        f"{folder}: neither an EAGLE nor a speculators head (no fc/fusion_fc weights)",
+        "pass a folder written by EAGLE's or speculators' training, or by `specx distill`",
+    )
+
+
+def _head_weights(
+    folder: Path, data: dict[str, Any], raw: dict[str, torch.Tensor], kind: str, prefix: str
+) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors under FeatureHead's parameter names."""
+    speculators = data.get("speculators_model_type")
     weights: dict[str, torch.Tensor] = {}
     for ours, theirs in _LAYER.items():
         key = theirs.format(L=prefix)
@@ -293,35 +328,7 @@ def read_head(path: str | Path, target_layers: int) -> HeadCheckpoint:
     for key in ("embed_tokens.weight", "lm_head.weight"):
         if key in raw:
             weights[key] = raw[key]
-    draft_to_target = None
-    if "d2t" in raw:
-        d2t = raw["d2t"].long()
-        draft_to_target = torch.arange(d2t.shape[0]) + d2t
-    rope = {
-        k: layer_cfg[k]
-        for k in ("rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings")
-        if layer_cfg.get(k) is not None
-    }
-    cfg = HeadConfig(
-        kind=kind,
-        layout="speculators" if speculators else "eagle",
-        hidden_size=hidden,
-        num_heads=heads,
-        kv_heads=kv,
-        head_dim=int(head_dim),
-        intermediate_size=_int(layer_cfg, "intermediate_size", where),
-        rms_eps=float(layer_cfg.get("rms_norm_eps", 1e-6)),
-        taps=tuple(int(t) for t in taps),
-        target_hidden=target_hidden,
-        fc_bias="fc.bias" in weights,
-        # EAGLE-1's first (only) layer skips its input norm; speculators keep it with layernorms
-        input_norm=kind == "eagle" and "input_norm.weight" in weights and bool(speculators),
-        embed_norm="embed_norm.weight" in weights,
-        head_norm="norm.weight" in weights,
-        norm_before_residual=bool(data.get("norm_before_residual", False)),
-        rope=rope,
-    )
-    return HeadCheckpoint(cfg, weights, draft_to_target, str(folder))
+    return weights
 
 
 def build_head(ckpt: HeadCheckpoint, target: Any, target_vocab: int) -> FeatureHead:
@@ -329,7 +336,7 @@ def build_head(ckpt: HeadCheckpoint, target: Any, target_vocab: int) -> FeatureH
     and, for an ``eagle`` head without one, its LM head come from the target."""
     cfg = ckpt.cfg
     where = ckpt.source
-    target_hidden = int(target.config.hidden_size)
+    target_hidden = describe(target.config).hidden_size
     if cfg.target_hidden != target_hidden:
         raise ExportError(
             f"{where}: the head reads target hidden states of width {cfg.target_hidden}, the "

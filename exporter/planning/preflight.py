@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specx.exporter.architecture import Architecture, describe
 from specx.exporter.drafts import DraftEntry
-from specx.exporter.planning.profile import read_config, shape_from_config
-from specx.exporter.weights.load import check_architecture
+from specx.exporter.planning.profile import read_config
 from specx.runtime.drafters import registry
 from specx.runtime.errors import ExportError
 
@@ -32,7 +32,8 @@ LIBRARIES = 1.5 * GB  # torch, transformers, onnx, ONNX Runtime, tokenizers and 
 # read into memory once; MatMulNBits keeps a prepacked copy of its blocks beside them.
 SESSION_FACTOR = {"fp32": 1.1, "fp16": 1.1, "int8": 1.5, "int4": 1.5}
 # One tensor in float32 while it is converted, beside its blocks (GGUF rows are dequantized and
-# decoded in slices): a 7B's 2.2 GB embedding table took the export to 4.4 GB, libraries included.
+# decoded in slices), per byte of that tensor: from a measured 7B export
+# (docs/bench/measurements.md).
 TENSOR_FACTOR = 1.75
 # A rough rate for the estimate: parameters streamed, converted and checked per second on a
 # 2-core CPU (docs/performance.md gives a measured export). A guide, never a limit.
@@ -53,25 +54,21 @@ class Estimate:
 
 
 def _graph(
-    config: Any, precision: str, name: str, part_bytes: float = float("inf")
+    arch: Architecture, precision: str, part_bytes: float = float("inf")
 ) -> tuple[float, float, float]:
     """(bytes the parity check holds of the graph, largest float32 tensor's bytes, parameters)
     of one model at `precision`: the whole graph, or its largest layer-range part when the
     graph is checked in parts of `part_bytes`."""
-    shape = shape_from_config(config, name)
-    tables = shape.embedding_parameters
-    tied = getattr(config, "tie_word_embeddings", False) or config.model_type == "gpt2"
-    heads = tables if tied else 2 * tables
-    body = max(0, shape.num_parameters - heads)
+    tables = arch.embedding_parameters
+    heads = tables if arch.tied_head else 2 * tables
+    body = max(0, arch.num_parameters - heads)
     size = body * BYTES_PER_PARAM[precision] + heads * TABLE_BYTES[precision]
-    hidden = getattr(config, "hidden_size", None) or config.n_embd
-    inner = getattr(config, "intermediate_size", None) or 4 * hidden
-    largest = 4.0 * max(tables, hidden * inner)
+    largest = 4.0 * max(tables, arch.hidden_size * arch.intermediate_size)
     if size > part_bytes:  # a part: up to part_bytes, or one level (a layer with a table)
-        level = body * BYTES_PER_PARAM[precision] / shape.num_layers
+        level = body * BYTES_PER_PARAM[precision] / arch.num_layers
         level += tables * TABLE_BYTES[precision]  # the embedding's, or the head's
         size = max(part_bytes, level)
-    return size, largest, float(shape.num_parameters)
+    return size, largest, float(arch.num_parameters)
 
 
 def estimate(
@@ -82,32 +79,30 @@ def estimate(
     batched: bool,
     part_bytes: float = float("inf"),
 ) -> Estimate:
-    config = read_config(target)
-    check_architecture(config, target)
-    size, largest, params = _graph(config, precision, "target")
+    arch = describe(read_config(target), target)
+    size, largest, params = _graph(arch, precision)
     disk = size * (2 if batched else 1)
-    checked, _, _ = _graph(config, precision, "target", part_bytes)
+    checked, _, _ = _graph(arch, precision, part_bytes)
     # the batched graph's own check (two rows at once) holds the whole of it
     session = SESSION_FACTOR[precision] * (size if batched else checked)
     seconds = params * (2 if batched else 1) / PARAMS_PER_S
     for d in drafts:
         recipe = d.kind.export
         if recipe == registry.EXPORT_QUANTIZED:
-            own, _, _ = _graph(config, d.kind.name, d.name)
+            own, _, _ = _graph(arch, d.kind.name)
             disk += own
             if d.kind.name == "int4":  # the target streamed again at int4
-                own_checked, _, _ = _graph(config, "int4", d.name, part_bytes)
+                own_checked, _, _ = _graph(arch, "int4", part_bytes)
                 session = max(session, SESSION_FACTOR["int4"] * own_checked)
             else:  # int8: ONNX Runtime's quantizer holds the target's float32 graph
-                fp32, _, _ = _graph(config, "fp32", d.name)
+                fp32, _, _ = _graph(arch, "fp32")
                 session = max(session, 2 * fp32)
             seconds += params / PARAMS_PER_S
         elif recipe == registry.EXPORT_MODEL:
-            dconfig = read_config(d.source)
-            check_architecture(dconfig, d.source)
-            dsize, dlargest, dparams = _graph(dconfig, draft_precision, d.name)
+            darch = describe(read_config(d.source), d.source)
+            dsize, dlargest, dparams = _graph(darch, draft_precision)
             disk += dsize
-            dchecked, _, _ = _graph(dconfig, draft_precision, d.name, part_bytes)
+            dchecked, _, _ = _graph(darch, draft_precision, part_bytes)
             session = max(session, SESSION_FACTOR[draft_precision] * dchecked)
             largest = max(largest, dlargest)
             seconds += dparams / PARAMS_PER_S

@@ -6,10 +6,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from specx.exporter.architecture import describe
 from specx.exporter.drafts import DraftEntry
-from specx.exporter.weights.load import CONFIG_ERRORS, Log, check_architecture
+from specx.exporter.weights.load import CONFIG_ERRORS, Log
 from specx.profiles import Profile
-from specx.profiles.planner import ModelShape, Plan, advice, plan
+from specx.profiles.planner import Plan, advice, plan
 from specx.runtime.drafters import registry
 from specx.runtime.errors import ExportError
 
@@ -30,48 +31,6 @@ def read_config(source: str) -> Any:
         ) from e
 
 
-def shape_from_config(config: Any, name: str, weights: str = "profile") -> ModelShape:
-    """Parameter count and cache dimensions from a config (llama family or GPT-2)."""
-    if config.model_type == "gpt2":
-        hidden, layers, heads = config.n_embd, config.n_layer, config.n_head
-        vocab, inner = config.vocab_size, config.n_inner or 4 * config.n_embd
-        per_layer = 4 * hidden * hidden + 2 * hidden * inner + 9 * hidden + inner
-        params = vocab * hidden + config.n_positions * hidden + layers * per_layer + 2 * hidden
-        return ModelShape(
-            name,
-            params,
-            vocab * hidden,
-            layers,
-            heads,
-            hidden // heads,
-            vocab,
-            config.n_positions,
-            weights,
-        )
-    hidden, layers = config.hidden_size, config.num_hidden_layers
-    heads = config.num_attention_heads
-    kv = getattr(config, "num_key_value_heads", None) or heads
-    dim = getattr(config, "head_dim", None) or hidden // heads
-    vocab, inner = config.vocab_size, config.intermediate_size
-    attention = hidden * heads * dim * 2 + hidden * kv * dim * 2
-    if getattr(config, "attention_bias", False) or config.model_type == "qwen2":
-        attention += heads * dim + 2 * kv * dim
-    per_layer = attention + 3 * hidden * inner + 2 * hidden
-    head = 0 if getattr(config, "tie_word_embeddings", False) else vocab * hidden
-    params = vocab * hidden + layers * per_layer + hidden + head
-    return ModelShape(
-        name,
-        params,
-        vocab * hidden,
-        layers,
-        kv,
-        dim,
-        vocab,
-        int(config.max_position_embeddings),
-        weights,
-    )
-
-
 def plan_pair(
     profile: Profile,
     target: str,
@@ -80,22 +39,19 @@ def plan_pair(
     log: Log,
 ) -> Plan:
     """Check the profile against the models and the memory budget; refuse early if it fails."""
-    config = read_config(target)
-    check_architecture(config, target)
-    shapes = [shape_from_config(config, "target")]
+    arch = describe(read_config(target), target)
+    shapes = [arch.model_shape("target")]
     for d in drafts:
         recipe = d.kind.export
         if recipe == registry.EXPORT_NOTHING:
             continue
         if recipe == registry.EXPORT_QUANTIZED:
-            shapes.append(shape_from_config(config, d.name, weights=d.kind.name))
+            shapes.append(arch.model_shape(d.name, weights=d.kind.name))
         elif recipe == registry.EXPORT_TARGET:
-            shared = shape_from_config(config, d.name)
+            shared = arch.model_shape(d.name)
             shapes.append(replace(shared, num_parameters=0, embedding_parameters=0))
         else:
-            dconfig = read_config(d.source)
-            check_architecture(dconfig, d.source)
-            shapes.append(shape_from_config(dconfig, d.name))
+            shapes.append(describe(read_config(d.source), d.source).model_shape(d.name))
     for s in shapes:
         if profile.max_context > s.max_positions:
             raise ExportError(

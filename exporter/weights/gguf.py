@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from specx.exporter.architecture import describe
 from specx.exporter.weights.blocks import CARRIED, Blocks, from_gguf
 
 # Processors (transformers' per-architecture GGUF fixes) that leave matrices alone or only
@@ -42,8 +43,7 @@ class GgufBlocks:
         arch_name = bytes(field.parts[field.data[0]]).decode()
         self.arch_name = arch_name
         arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == arch_name)
-        layers = int(getattr(config, "num_hidden_layers", 0) or getattr(config, "n_layer", 0))
-        self.names = get_tensor_name_map(arch, layers)
+        self.names = get_tensor_name_map(arch, describe(config).num_layers)
         cls = TENSOR_PROCESSORS.get(arch_name, TensorProcessor)
         self.processor = cls(config=config.to_dict()) if cls.__name__ in ROW_PROCESSORS else None
 

@@ -6,10 +6,11 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from specx.exporter.graph.modules import SUPPORTED_ARCHITECTURES
+from specx.exporter.architecture import Architecture, check_architecture, describe
 from specx.runtime.artifact.contract import SpecialTokens
 from specx.runtime.errors import ExportError
 
@@ -32,9 +33,10 @@ class SourceModel:
     def model_type(self) -> str:
         return str(self.model.config.model_type)
 
-
-def _supported_list() -> str:
-    return ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+    @cached_property
+    def architecture(self) -> Architecture:
+        """What specx reads of its config (exporter/architecture.py)."""
+        return describe(self.config, self.source)
 
 
 def _config_errors() -> tuple[type[BaseException], ...]:
@@ -48,77 +50,6 @@ def _config_errors() -> tuple[type[BaseException], ...]:
 
 
 CONFIG_ERRORS = _config_errors()
-
-# The config fields an export reads, per family: each must be a positive integer.
-CONFIG_DIMS = {
-    "gpt2": ("n_embd", "n_layer", "n_head", "vocab_size", "n_positions"),
-    "llama-like": (
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "vocab_size",
-        "intermediate_size",
-        "max_position_embeddings",
-    ),
-}
-
-
-def check_config_values(config: Any, where: str) -> None:
-    """The dimensions a config gives are positive integers that fit together."""
-    family = "gpt2" if config.model_type == "gpt2" else "llama-like"
-    values = {name: getattr(config, name, None) for name in CONFIG_DIMS[family]}
-    kv = getattr(config, "num_key_value_heads", None)
-    head_dim = getattr(config, "head_dim", None)
-    if family != "gpt2":
-        optional = {"num_key_value_heads": kv, "head_dim": head_dim}
-        values.update({k: v for k, v in optional.items() if v is not None})
-    for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ExportError(
-                f"{where}: config.json gives {name} = {value!r}; a positive integer is needed",
-                "fix the model's config.json (or pass another model)",
-            )
-    heads = int(values.get("n_head") or values.get("num_attention_heads") or 1)
-    width = int(values.get("n_embd") or values.get("hidden_size") or 1)
-    if kv is not None and family != "gpt2" and heads % kv:
-        raise ExportError(
-            f"{where}: num_key_value_heads {kv} does not divide num_attention_heads {heads}",
-            "fix the model's config.json",
-        )
-    if head_dim is None and width % heads:
-        raise ExportError(
-            f"{where}: hidden size {width} is not a multiple of the {heads} attention heads",
-            "fix the model's config.json",
-        )
-
-
-def check_architecture(config: Any, where: str) -> None:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    model_type = getattr(config, "model_type", None)
-    if model_type in SUPPORTED_ARCHITECTURES:
-        check_config_values(config, where)
-        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-        rope_type = (rope or {}).get("rope_type", (rope or {}).get("type", "default"))
-        if rope_type in ("dynamic",):
-            raise ExportError(
-                f"{where}: rope type {rope_type!r} depends on the sequence length and cannot be "
-                "exported as one static graph",
-                "use a model with default, linear, llama3 or yarn rope scaling",
-            )
-        return
-    heads = [a for a in getattr(config, "architectures", None) or []]
-    causal_heads = [a for a in heads if a.endswith(("ForCausalLM", "LMHeadModel"))]
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (heads and not causal_heads):
-        what = f"{model_type!r} model" + (f" ({', '.join(heads)})" if heads else "")
-        raise ExportError(
-            f"{where} is a {what}, not a causal language model",
-            f"pass a decoder-only LM; specx exports {_supported_list()}",
-        )
-    raise ExportError(
-        f"{where}: architecture {model_type!r} is not supported",
-        f"supported architectures: {_supported_list()}",
-    )
 
 
 def _locate(source: str, log: Log) -> tuple[str, dict[str, Any]]:

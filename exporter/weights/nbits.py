@@ -46,16 +46,15 @@ HEAD_BITS = 8
 # block and multiplies in integers, as llama.cpp does: the fast CPU path. Its rounding of an
 # activation flips with any difference in the bits before it, so a multi-token pass parts from a
 # one-token pass wherever anything before it sums in another order (GroupQueryAttention does;
-# measured at export: check.quality_figures). "fp32" (0) dequantizes the weights to float32 on every
-# call: several times slower for 4 bits and far slower for 8 (docs/quantized.md, measured by
-# scripts/nbits_kernels.py), a mode for checking, not serving.
+# measured at export: checks/parity.py quality_figures). "fp32" (0) dequantizes the weights to
+# float32 on every call: several times slower for 4 bits and far slower for 8 (docs/quantized.md,
+# measured by scripts/nbits_kernels.py), a mode for checking, not serving.
 COMPUTE = {"int8": 4, "fp32": 0}
 WIDE_BLOCKS = ("carry", "requantize", "requantize-all")
-# Per role, when --wide-blocks / --draft-wide-blocks are not given. Measured on the Qwen2.5-Coder
-# 0.5B draft (Q5_0/Q8_0 blocks) for the 1.5B target, int4: 559 -> 323 MB of block weights a
-# token, its pass cost c 0.40-0.44 -> 0.31-0.34 of the target's, acceptance unchanged; on the 1.5B
-# target, requantizing the head took its argmax agreement with its float32 source from 95% to 87%
-# (docs/quantized.md).
+# Per role, when --wide-blocks / --draft-wide-blocks are not given: a draft's weights never change
+# the output, so its wide blocks (head and table too) are requantized to read fewer bytes a token;
+# a target keeps its GGUF's numbers, since rounding its head costs argmax agreement with its
+# source (the figures: docs/bench/measurements.md, docs/quantized.md).
 WIDE_BLOCKS_DEFAULT = {"target": "carry", "draft": "requantize-all"}
 
 

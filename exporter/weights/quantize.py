@@ -119,7 +119,7 @@ def argmax_agreement(
     folder: Path, target: ModelSpec, draft: ModelSpec, tokens: np.ndarray, part_bytes: int
 ) -> dict[str, float]:
     """Teacher-forced: how often the draft's next-token argmax equals the target's. One graph
-    in memory at a time, a large one in parts (check.run_passes)."""
+    in memory at a time, a large one in parts (checks/parity.py: run_passes)."""
     rows = {}
     for spec in (target, draft):
         outputs, _ = run_passes(folder, spec, [Pass(0, 0, tokens)], part_bytes)

@@ -35,8 +35,8 @@ _LAYER = re.compile(r"\.(?:layers|h)\.(\d+)\.")
 
 def release_heap() -> None:
     """Hand freed heap memory back to the system. Dequantizing a tensor leaves many
-    medium-sized temporaries behind, and glibc keeps the freed heap pages resident (measured:
-    over half a GB on a 1.5B model) unless asked; other C libraries: nothing to do."""
+    medium-sized temporaries behind, and glibc keeps the freed heap pages resident unless asked
+    (docs/bench/measurements.md); other C libraries: nothing to do."""
     try:
         libc = ctypes.CDLL(None)
         trim = libc.malloc_trim

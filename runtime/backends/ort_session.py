@@ -142,6 +142,62 @@ class OrtDeviceMemory:
         return OrtValueBuffer(ort.OrtValue.ortvalue_from_numpy(zeros, self.device, self.device_id))
 
 
+def bind_host_output(io: Any, name: str, array: np.ndarray) -> None:
+    """Bind output `name` to a C-contiguous float32 host array of the output's shape: the pass
+    writes into it, no copy."""
+    io.bind_output(name, "cpu", 0, np.float32, list(array.shape), array.ctypes.data)
+
+
+def _check_runnable(graph_path: Path, spec: ModelSpec, on_gpu: bool) -> None:
+    """Refuse a graph this ONNX Runtime and provider cannot run, before loading it."""
+    if on_gpu and spec.attention == "gqa" and spec.dtype == "float32":
+        raise ProviderError(
+            f"{graph_path.name} is an fp32 GroupQueryAttention graph, which ONNX Runtime "
+            "runs only on the CPU (its CUDA kernel is fp16/bf16)",
+            "re-export with an fp16 profile (e.g. --profile gpu-datacenter) or "
+            "--attention plain for CUDA",
+        )
+    if not graph_path.is_file():
+        raise ArtifactError(
+            f"graph file {graph_path} is missing", "re-export the artifact with `specx export`"
+        )
+    needed, why = min_onnxruntime(spec)
+    if release(ort.__version__) < needed:
+        raise ProviderError(
+            f"{graph_path.name} needs onnxruntime >= {needed[0]}.{needed[1]} ({why}); this is "
+            f"{ort.__version__}",
+            f"pip install 'onnxruntime>={needed[0]}.{needed[1]}'",
+        )
+
+
+def _load(
+    graph_path: Path,
+    providers: list[str],
+    options: Any,
+    provider_options: Sequence[dict[str, Any]] | None,
+) -> Any:
+    """An InferenceSession of the graph whose first provider is active."""
+    try:
+        session = ort.InferenceSession(
+            str(graph_path),
+            options,
+            providers=providers,
+            provider_options=list(provider_options) if provider_options else None,
+        )
+    except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph/... types
+        raise ArtifactError(
+            f"onnxruntime cannot load {graph_path.name}: {str(e).splitlines()[0][:300]}",
+            "the file is corrupt or truncated; re-export the artifact",
+        ) from e
+    active = session.get_providers()
+    if providers[0] not in active:
+        raise ProviderError(
+            f"{providers[0]} failed to initialise (active: {', '.join(active)})",
+            "check the CUDA/TensorRT installation and that a GPU is visible",
+        )
+    return session
+
+
 class OrtSession(GraphSession):
     """An ONNX graph that follows the contract, run by ONNX Runtime through I/O binding."""
 
@@ -160,43 +216,10 @@ class OrtSession(GraphSession):
         self.path = graph_path
         self.providers = resolve_providers(providers)
         on_gpu = self.providers[0] in GPU_PROVIDERS
-        if on_gpu and spec.attention == "gqa" and spec.dtype == "float32":
-            raise ProviderError(
-                f"{graph_path.name} is an fp32 GroupQueryAttention graph, which ONNX Runtime "
-                "runs only on the CPU (its CUDA kernel is fp16/bf16)",
-                "re-export with an fp16 profile (e.g. --profile gpu-datacenter) or "
-                "--attention plain for CUDA",
-            )
-        if not graph_path.is_file():
-            raise ArtifactError(
-                f"graph file {graph_path} is missing", "re-export the artifact with `specx export`"
-            )
-        needed, why = min_onnxruntime(spec)
-        if release(ort.__version__) < needed:
-            raise ProviderError(
-                f"{graph_path.name} needs onnxruntime >= {needed[0]}.{needed[1]} ({why}); this is "
-                f"{ort.__version__}",
-                f"pip install 'onnxruntime>={needed[0]}.{needed[1]}'",
-            )
-        options = session_options(threads, alternating)
-        try:
-            self.session = ort.InferenceSession(
-                str(graph_path),
-                options,
-                providers=self.providers,
-                provider_options=list(provider_options) if provider_options else None,
-            )
-        except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph/... types
-            raise ArtifactError(
-                f"onnxruntime cannot load {graph_path.name}: {str(e).splitlines()[0][:300]}",
-                "the file is corrupt or truncated; re-export the artifact",
-            ) from e
-        active = self.session.get_providers()
-        if self.providers[0] not in active:
-            raise ProviderError(
-                f"{self.providers[0]} failed to initialise (active: {', '.join(active)})",
-                "check the CUDA/TensorRT installation and that a GPU is visible",
-            )
+        _check_runnable(graph_path, spec, on_gpu)
+        self.session = _load(
+            graph_path, self.providers, session_options(threads, alternating), provider_options
+        )
         self._check_io()
         self._check_capacity()
         self.memory: DeviceMemory = OrtDeviceMemory("cuda") if on_gpu else HOST
@@ -303,24 +326,10 @@ class OrtSession(GraphSession):
             self._bind_full(io, cache, past, seq)
         else:
             self._bind_plain(io, cache, past, seq)
-        io.bind_output(
-            contract.LOGITS,
-            "cpu",
-            0,
-            np.float32,
-            [1, seq, self.vocab_size],
-            self._logits.ctypes.data,
-        )
+        bind_host_output(io, contract.LOGITS, self._logits[:seq][None])  # [1, seq, vocab]
         features = self.spec.feature_size
         if features:
-            io.bind_output(
-                contract.FEATURES,
-                "cpu",
-                0,
-                np.float32,
-                [1, seq, features],
-                self._features.ctypes.data,
-            )
+            bind_host_output(io, contract.FEATURES, self._features[:seq][None])
         self.session.run_with_iobinding(io)
         cache.advance(seq)
         self.passes += 1
@@ -360,22 +369,8 @@ class OrtSession(GraphSession):
         )
         io.bind_cpu_input(contract.FROM_TARGET, np.full((1, seq, 1), from_target, dtype=np.bool_))
         self._bind_plain(io, cache, past, seq)
-        io.bind_output(
-            contract.LOGITS,
-            "cpu",
-            0,
-            np.float32,
-            [1, seq, self.vocab_size],
-            self._logits.ctypes.data,
-        )
-        io.bind_output(
-            contract.HIDDEN_OUT,
-            "cpu",
-            0,
-            np.float32,
-            [1, seq, self.spec.hidden_size],
-            self._hidden_out.ctypes.data,
-        )
+        bind_host_output(io, contract.LOGITS, self._logits[:seq][None])  # [1, seq, vocab]
+        bind_host_output(io, contract.HIDDEN_OUT, self._hidden_out[:seq][None])
         self.session.run_with_iobinding(io)
         cache.advance(seq)
         self.passes += 1
@@ -418,6 +413,33 @@ class OrtSession(GraphSession):
         one token per row (rows with no token are written at their length and stay empty).
         """
         batch, seq = int(tokens.shape[0]), int(tokens.shape[1])
+        rows = slice(first_row, first_row + batch)
+        starts = cache.lengths[rows].copy()  # [batch]
+        self._check_rows(cache, first_row, batch, seq, starts)
+        io = self._binding
+        io.bind_cpu_input(contract.INPUT_IDS, np.ascontiguousarray(tokens, dtype=np.int64))
+        positions = starts[:, None] + np.arange(seq, dtype=np.int64)[None, :]  # [batch, seq]
+        if self._position_ids:
+            io.bind_cpu_input(contract.POSITION_IDS, positions)
+        if self.spec.attention == "gqa":
+            io.bind_cpu_input(contract.SEQLENS_K, (starts + seq - 1).astype(np.int32))
+            total = np.array(int(starts.max()) + seq, dtype=np.int32)
+            io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, total)
+        else:
+            io.bind_cpu_input(contract.WRITE_INDICES, starts)
+        self._bind_rows(io, cache, first_row, batch)
+        logits, features = self._bind_row_outputs(io, batch, seq)
+        self.session.run_with_iobinding(io)
+        cache.lengths[rows] = starts + counts
+        self.passes += 1
+        if features is not None:
+            self.last_features = features
+        return logits
+
+    def _check_rows(
+        self, cache: BatchKVCache, first_row: int, batch: int, seq: int, starts: np.ndarray
+    ) -> None:
+        """Refuse a pass this graph cannot run or the cache cannot hold."""
         gqa = self.spec.attention == "gqa"
         if not (self.spec.attention == "batched" or (gqa and (batch == 1 or seq == 1))):
             raise InputError(
@@ -425,8 +447,6 @@ class OrtSession(GraphSession):
                 "tokens in one pass need a batched graph",
                 "re-export with `specx export --batched`",
             )
-        rows = slice(first_row, first_row + batch)
-        starts = cache.lengths[rows].copy()  # [batch]
         if first_row + batch > cache.rows or seq < 1:
             raise InputError(
                 f"rows {first_row}..{first_row + batch - 1} of {cache.rows}, seq {seq}"
@@ -436,59 +456,42 @@ class OrtSession(GraphSession):
                 f"cache overflow: a row at {int(starts.max())} + {seq} positions exceeds "
                 f"{cache.capacity}"
             )
+
+    def _bind_rows(self, io: Any, cache: BatchKVCache, first_row: int, batch: int) -> None:
+        """Bind the rows' cache buffers as past and present; they never move, so this binds
+        again only when a pass takes other rows."""
+        bound = self._bound
+        if isinstance(bound, tuple) and bound[0] is cache and bound[1:] == (first_row, batch):
+            return
+        dev, dev_id, dt = cache.device, cache.device_id, self._cache_np_dtype
+        shape = [batch, cache.kv_heads, cache.capacity, cache.head_dim]
+        for layer in range(cache.num_layers):
+            for name_in, name_out, ptr in (
+                (contract.past_key(layer), contract.present_key(layer), cache.key_ptr),
+                (contract.past_value(layer), contract.present_value(layer), cache.value_ptr),
+            ):
+                io.bind_input(name_in, dev, dev_id, dt, shape, ptr(layer, first_row))
+                io.bind_output(name_out, dev, dev_id, dt, shape, ptr(layer, first_row))
+        self._bound = (cache, first_row, batch)
+
+    def _bind_row_outputs(
+        self, io: Any, batch: int, seq: int
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Bind logits (and features, where the graph has them) to reused host buffers; returns
+        their views: [batch, seq, vocab] and [batch, seq, features] or None."""
         need = batch * seq
         if self._batch_logits.shape[0] < need:
             self._batch_logits = np.empty((need, self.vocab_size), np.float32)
-        io = self._binding
-        io.bind_cpu_input(contract.INPUT_IDS, np.ascontiguousarray(tokens, dtype=np.int64))
-        positions = starts[:, None] + np.arange(seq, dtype=np.int64)[None, :]  # [batch, seq]
-        if self._position_ids:
-            io.bind_cpu_input(contract.POSITION_IDS, positions)
-        if gqa:
-            io.bind_cpu_input(contract.SEQLENS_K, (starts + seq - 1).astype(np.int32))
-            total = np.array(int(starts.max()) + seq, dtype=np.int32)
-            io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, total)
-        else:
-            io.bind_cpu_input(contract.WRITE_INDICES, starts)
-        bound = self._bound
-        if not (isinstance(bound, tuple) and bound[0] is cache and bound[1:] == (first_row, batch)):
-            # the rows' buffers never move: bound again only when the pass takes other rows
-            dev, dev_id, dt = cache.device, cache.device_id, self._cache_np_dtype
-            shape = [batch, cache.kv_heads, cache.capacity, cache.head_dim]
-            for layer in range(cache.num_layers):
-                for name_in, name_out, ptr in (
-                    (contract.past_key(layer), contract.present_key(layer), cache.key_ptr),
-                    (contract.past_value(layer), contract.present_value(layer), cache.value_ptr),
-                ):
-                    io.bind_input(name_in, dev, dev_id, dt, shape, ptr(layer, first_row))
-                    io.bind_output(name_out, dev, dev_id, dt, shape, ptr(layer, first_row))
-            self._bound = (cache, first_row, batch)
-        io.bind_output(
-            contract.LOGITS,
-            "cpu",
-            0,
-            np.float32,
-            [batch, seq, self.vocab_size],
-            self._batch_logits.ctypes.data,
-        )
-        features = self.spec.feature_size
-        if features:
-            if self._batch_features.shape[0] < need:
-                self._batch_features = np.empty((need, features), np.float32)
-            io.bind_output(
-                contract.FEATURES,
-                "cpu",
-                0,
-                np.float32,
-                [batch, seq, features],
-                self._batch_features.ctypes.data,
-            )
-        self.session.run_with_iobinding(io)
-        cache.lengths[rows] = starts + counts
-        self.passes += 1
-        if features:
-            self.last_features = self._batch_features[:need].reshape(batch, seq, features)
-        return self._batch_logits[:need].reshape(batch, seq, self.vocab_size)
+        logits = self._batch_logits[:need].reshape(batch, seq, self.vocab_size)
+        bind_host_output(io, contract.LOGITS, logits)
+        width = self.spec.feature_size
+        if not width:
+            return logits, None
+        if self._batch_features.shape[0] < need:
+            self._batch_features = np.empty((need, width), np.float32)
+        features = self._batch_features[:need].reshape(batch, seq, width)
+        bind_host_output(io, contract.FEATURES, features)
+        return logits, features
 
     def batched(self) -> OrtSession | None:
         """Batched graphs take any pass over rows; gqa graphs (same cache layout) the passes

@@ -16,7 +16,8 @@ from specx.runtime.errors import InputError
 from specx.runtime.settings import GenerationSettings
 
 if TYPE_CHECKING:
-    from specx.runtime.pipeline import GenerationResult, Pipeline, Prompt
+    from specx.runtime.pipeline import Pipeline, Prompt
+    from specx.runtime.result import GenerationResult
 
 
 def batch_capacity(needs: list[int], max_k: int, limit: int) -> int:

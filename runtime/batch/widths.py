@@ -312,6 +312,28 @@ class WidthPlanner:
                 s.k = 0
             self.observe_drafting(regime, [0 for s in adaptive if s.shares_draft])
             return None
+        widest = 1 + max(s.k_limit for s in adaptive)
+        plans = self._plans(active, adaptive, rows, regime, last_to_finish)
+        best_ks = plans.search(widest)
+        for s, k in zip(adaptive, best_ks, strict=True):
+            s.k = k
+        self._planned(batch, sources, any(best_ks))
+        self.observe_drafting(
+            regime, [k for s, k in zip(adaptive, best_ks, strict=True) if s.shares_draft]
+        )
+        return (rows, *plans.outcome(best_ks))
+
+    def _plans(
+        self,
+        active: list[Sequence],
+        adaptive: list[Sequence],
+        rows: int,
+        regime: int,
+        last_to_finish: int | None,
+    ) -> Plans:
+        """What the plans of this step are made of: each -k auto row's expected tokens by K
+        (weighted by `row_weight`) and own drafting cost, the fixed rows, and the costs of the
+        passes and shared drafts, looked up once per step (the search weighs dozens of plans)."""
         one_token_s = self.pass_s(1, 1)
         assert one_token_s is not None  # (plans)
         fixed = [s for s in active if not isinstance(s.policy, AdaptiveK)]
@@ -320,8 +342,6 @@ class WidthPlanner:
         widest = 1 + max(s.k_limit for s in adaptive)
         options = [self._options(s, widest, one_token_s, regime) for s in adaptive]
 
-        # the costs a plan is made of, looked up once per step (the search weighs dozens of
-        # plans)
         pass_by_width = [0.0]
         for w in range(1, max(widest, fixed_width) + 1):
             t = self.pass_s(rows, w)
@@ -335,7 +355,7 @@ class WidthPlanner:
             return shared_s[(n, k)]
 
         self.weights = {s.row: self.row_weight(s, last_to_finish) for s in adaptive}
-        plans = Plans(
+        return Plans(
             expected=[
                 [e[0] + self.weights[s.row] * (x - e[0]) for x in e]
                 for s, (e, _) in zip(adaptive, options, strict=True)
@@ -351,14 +371,6 @@ class WidthPlanner:
             shared_draft_s=shared_draft_s,
             share={drafted: self.realized_share(rows, drafted) for drafted in (False, True)},
         )
-        best_ks = plans.search(widest)
-        for s, k in zip(adaptive, best_ks, strict=True):
-            s.k = k
-        self._planned(batch, sources, any(best_ks))
-        self.observe_drafting(
-            regime, [k for s, k in zip(adaptive, best_ks, strict=True) if s.shares_draft]
-        )
-        return (rows, *plans.outcome(best_ks))
 
     def plans(self, active: list[Sequence], joining: int = 0) -> bool:
         """Whether `plan` sets the K of this step's -k auto rows (the rows' sources are known):

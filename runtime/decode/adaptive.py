@@ -215,7 +215,7 @@ class AdaptiveK:
 
     def decide(self, source: str = DEFAULT_SOURCE, choose: bool = True) -> StepDecision:
         """K for a step whose proposal comes from `source`, with the drafting plan for it.
-        choose=False: a batch's planner sets K (batch_widths.WidthPlanner.plan); the decision
+        choose=False: a batch's planner sets K (batch/widths.py: WidthPlanner.plan); the decision
         then allows up to max_k and carries the plan, and the policy's own choice (with its
         probes and exploration, which a planned step would not follow) is not made."""
         k = self.choose_k(source) if choose else (0 if source == NONE else self.max_k)
@@ -286,44 +286,11 @@ class AdaptiveK:
 
     def observe(self, step: StepResult) -> None:
         d = self.decay
-        width = step.proposed + 1
-        for i, x in enumerate((1.0, width, step.verify_s, width * width, width * step.verify_s)):
-            self._fit[i] = d * self._fit[i] + x
-        self._by_width = [(d * n, d * t) for n, t in self._by_width]  # stale widths fade
-        if width < len(self._by_width):
-            n, t = self._by_width[width]
-            self._by_width[width] = (n + 1.0, t + step.verify_s)
-        step_s = step.draft_s + step.verify_s
-        per_token = step_s / (step.accepted + 1)
-        self.token_s = per_token if self.token_s is None else 0.9 * self.token_s + 0.1 * per_token
+        self._observe_verify(step)
         if step.source == NONE:
-            return  # a plain decode step: its verify time above is all there is to learn
+            return  # a plain decode step: its verify time is all there is to learn
         est = self._estimate(step.source)
         est.steps += 1
-        if step.proposed:
-            # drafting cost per proposed token: a model pass per token for a draft model, next
-            # to nothing for a lookup
-            per_token = step.draft_s / step.proposed
-            if step.catchup <= 2:
-                weight = 0.3 if est.draft_seen else 1.0
-                est.draft_pass_s = (1 - weight) * est.draft_pass_s + weight * per_token
-                est.draft_seen = True
-                est.draft_by_k = [(d * n, d * t) for n, t in est.draft_by_k]
-                if step.proposed < len(est.draft_by_k):
-                    n, t = est.draft_by_k[step.proposed]
-                    est.draft_by_k[step.proposed] = (n + 1.0, t + step.draft_s)
-            elif est.draft_seen:
-                # a first pass that also caught up several tokens costs at least a one-token
-                # pass: an upper bound, which corrects an estimate inflated by a slow first step
-                est.draft_pass_s = min(est.draft_pass_s, per_token)
-            else:
-                # nothing measured yet, and the step's first pass also read `catchup` tokens (a
-                # batch row's first draft reads its whole prompt: priced per proposed token,
-                # drafting would look several times dearer than it is, and a policy that stops
-                # drafting never measures it again). Its seconds per token read are less than a
-                # draft pass costs: a provisional, optimistic estimate, which the first step
-                # that drafts without a catch-up replaces.
-                est.draft_pass_s = step.draft_s / (step.proposed + step.catchup)
         if not step.proposed:
             if step.lookup_first_hit is not None:
                 # what the lookup offered and the step did not draft: its first position's
@@ -332,6 +299,7 @@ class AdaptiveK:
                 est.accepted[0] = d * est.accepted[0] + float(step.lookup_first_hit)
             est.zero_streak += 1
             return
+        self._observe_draft_cost(est, step)
         est.zero_streak = 0
         verified = min(step.proposed, step.accepted + 1)  # positions the target judged
         for i in range(verified):
@@ -346,3 +314,43 @@ class AdaptiveK:
                 b = bisect.bisect_right(CONFIDENCE_EDGES, float(step.confidence[i]))
                 est.confidence_reached[b] += 1.0
                 est.confidence_accepted[b] += 1.0 if i < step.accepted else 0.0
+
+    def _observe_verify(self, step: StepResult) -> None:
+        """What a verify pass of the step's width cost, and the seconds per token kept."""
+        d = self.decay
+        width = step.proposed + 1
+        for i, x in enumerate((1.0, width, step.verify_s, width * width, width * step.verify_s)):
+            self._fit[i] = d * self._fit[i] + x
+        self._by_width = [(d * n, d * t) for n, t in self._by_width]  # stale widths fade
+        if width < len(self._by_width):
+            n, t = self._by_width[width]
+            self._by_width[width] = (n + 1.0, t + step.verify_s)
+        step_s = step.draft_s + step.verify_s
+        per_token = step_s / (step.accepted + 1)
+        self.token_s = per_token if self.token_s is None else 0.9 * self.token_s + 0.1 * per_token
+
+    def _observe_draft_cost(self, est: SourceEstimate, step: StepResult) -> None:
+        """What drafting cost per proposed token: a model pass per token for a draft model,
+        next to nothing for a lookup."""
+        d = self.decay
+        per_token = step.draft_s / step.proposed
+        if step.catchup <= 2:
+            weight = 0.3 if est.draft_seen else 1.0
+            est.draft_pass_s = (1 - weight) * est.draft_pass_s + weight * per_token
+            est.draft_seen = True
+            est.draft_by_k = [(d * n, d * t) for n, t in est.draft_by_k]
+            if step.proposed < len(est.draft_by_k):
+                n, t = est.draft_by_k[step.proposed]
+                est.draft_by_k[step.proposed] = (n + 1.0, t + step.draft_s)
+        elif est.draft_seen:
+            # a first pass that also caught up several tokens costs at least a one-token
+            # pass: an upper bound, which corrects an estimate inflated by a slow first step
+            est.draft_pass_s = min(est.draft_pass_s, per_token)
+        else:
+            # nothing measured yet, and the step's first pass also read `catchup` tokens (a
+            # batch row's first draft reads its whole prompt: priced per proposed token,
+            # drafting would look several times dearer than it is, and a policy that stops
+            # drafting never measures it again). Its seconds per token read are less than a
+            # draft pass costs: a provisional, optimistic estimate, which the first step
+            # that drafts without a catch-up replaces.
+            est.draft_pass_s = step.draft_s / (step.proposed + step.catchup)

@@ -40,6 +40,7 @@ def check_top(top: int) -> None:
         raise InputError(
             f"top logprobs must be in 0..{MAX_TOP_LOGPROBS}, got {top}",
             "e.g. --logprobs 5, or 0 for the emitted tokens' alone",
+            "logprobs",
         )
 
 

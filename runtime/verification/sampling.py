@@ -45,20 +45,27 @@ class SamplingParams:
             raise InputError(
                 f"temperature must be >= 0, got {self.temperature}",
                 "use 0 for greedy decoding, e.g. 0.7 for sampling",
+                "temperature",
             )
         if self.top_k < 0:
-            raise InputError(f"top-k must be >= 0, got {self.top_k}", "use 0 to disable top-k")
+            raise InputError(
+                f"top-k must be >= 0, got {self.top_k}", "use 0 to disable top-k", "top_k"
+            )
         if not 0.0 < self.top_p <= 1.0:
             raise InputError(
-                f"top-p must be in (0, 1], got {self.top_p}", "use 1.0 to disable top-p"
+                f"top-p must be in (0, 1], got {self.top_p}", "use 1.0 to disable top-p", "top_p"
             )
         if not 0.0 <= self.min_p < 1.0:
-            raise InputError(f"min-p must be in [0, 1), got {self.min_p}", "use 0 to disable")
+            raise InputError(
+                f"min-p must be in [0, 1), got {self.min_p}", "use 0 to disable", "min_p"
+            )
         if self.seed is not None and self.seed < 0:
-            raise InputError(f"the seed must be >= 0, got {self.seed}", "e.g. --seed 1")
+            raise InputError(f"the seed must be >= 0, got {self.seed}", "e.g. --seed 1", "seed")
         if self.verification not in VERIFICATIONS:
             raise InputError(
-                f"verification must be one of {', '.join(VERIFICATIONS)}, got {self.verification!r}"
+                f"verification must be one of {', '.join(VERIFICATIONS)}, "
+                f"got {self.verification!r}",
+                field="verification",
             )
 
     @property

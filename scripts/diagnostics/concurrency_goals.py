@@ -7,8 +7,8 @@ latency at 4 over alone (goal <= 1.6), and at every concurrency (alone included)
 tokens/s over the better of speculation off and the best fixed K at that concurrency (goal >= 0.95
 at every one: here alone too), from the cells' tokens/s, and, where the bench wrote them, the
 same ratios paired within each repeat (medians over repeats) and the figures from each cell's
-median run (the bench's tokens/s before 2026-12-02 16:38: apps/bench/concurrency.py
-`_workload_rate`). `--every-mode`: that last
+median run (the bench's tokens/s before it summarized whole workloads: apps/bench/concurrency.py
+`_workload_rate`; when: docs/bench/measurements.md). `--every-mode`: that last
 ratio for every mode against the fastest of the others (where modes run level, how far below 1
 noise alone puts one). Reads the numbers the bench wrote; measures nothing.
 """
@@ -27,7 +27,8 @@ AUTO_SHARE = 0.95
 
 def goals(results: dict[str, Any], rate: str = "tokens_per_s") -> dict[str, Any]:
     """The three figures of one run, and whether each goal holds; `rate`: the cells' tokens/s
-    to read (tokens_per_s_median_run: as the bench reckoned them before 2026-12-02 16:38)."""
+    to read (tokens_per_s_median_run: as the bench reckoned them before it summarized whole
+    workloads, docs/bench/measurements.md)."""
     cells: dict[tuple[str, str], dict[str, Any]] = {
         (r["mode"], str(r["concurrency"])): r for r in results["rows"]
     }

@@ -33,9 +33,9 @@ from specx.apps.bench.runner import load_workloads
 from specx.runtime import Pipeline
 from specx.runtime.backends.ort_session import use_global_thread_pool
 from specx.runtime.batch.decoder import BatchDecoder
-from specx.runtime.decode.sequence import Sequence
 from specx.runtime.batch.plans import Plans
 from specx.runtime.batch.widths import WidthPlanner
+from specx.runtime.decode.sequence import Sequence
 from specx.runtime.drafters.hybrid import HybridDrafter
 
 spent: defaultdict[str, list[float]] = defaultdict(list)  # part -> seconds of each call

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import TinyPair, load_script, needs_exporter
+from conftest import TinyPair, needs_exporter
 from specx.apps.bench.report import adaptive_vs_fixed
 from specx.apps.cli.main import main
 
@@ -115,100 +115,6 @@ def test_bad_bench_options_are_clean_errors(
     result = CliRunner().invoke(main, ["bench", str(llama_pair.artifact), *args])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert re.search(message, result.stderr), result.stderr
-
-
-def test_the_goal_script_reads_issue_16s_figures_from_a_concurrency_run() -> None:
-    script = load_script("concurrency_goals")
-
-    def run(auto_at_4: float, fixed_alone: float) -> dict:
-        speeds = {
-            "off": {"alone": 60.0, 1: 60.0, 2: 110.0, 4: 190.0, 8: 300.0},
-            "ngram K=2": {"alone": fixed_alone, 1: 70.0, 2: 95.0, 4: 130.0, 8: 170.0},
-            "ngram K=auto": {"alone": 72.0, 1: 70.0, 2: 108.0, 4: auto_at_4, 8: 290.0},
-        }
-        rows = [
-            {"mode": m, "concurrency": c, "tokens_per_s": t, "latency_x_alone": 1.5}
-            for m, by_c in speeds.items()
-            for c, t in by_c.items()
-        ]
-        return {"rows": rows, "machine": {"date": "today"}}
-
-    met = script.goals(run(auto_at_4=185.0, fixed_alone=70.0))
-    assert np.isclose(met["aggregate_at_4"], 185.0 / 72.0)
-    assert np.isclose(met["auto_share"]["4"], 185.0 / 190.0)
-    assert met["met"] == (True, True, True)
-    # the same bar for every mode: the fixed K alone against the faster of off and -k auto
-    assert np.isclose(met["every_mode_share"]["ngram K=2"]["alone"], 70.0 / 72.0)
-    assert met["every_mode_share"]["ngram K=auto"] == met["auto_share"]
-    # slower at 4 than 2.5x alone, and alone below 0.95 of the fixed K: two goals missed
-    missed = script.goals(run(auto_at_4=175.0, fixed_alone=80.0))
-    assert missed["met"] == (False, True, False)
-
-
-def test_paired_concurrency_ratios_are_taken_within_each_repeat() -> None:
-    """The VM runs twice as fast in the second repeat as in the first; in both, -k auto ran
-    0.9x speculation off at 4 requests: the paired ratio says 0.9, against the fastest other
-    mode of each repeat, and only -k auto's rows get one."""
-    from specx.apps.bench.concurrency import _summarize
-
-    def cell(per_repeat: list[float], together: bool = True) -> dict:
-        runs = [
-            {"tokens": 64 * t, "wall_s": 1.0, "ttft_s": 0.1, "repeat": r}
-            | (
-                {"latency_s": [1.0], "ttft_s": [0.1], "accepted_per_pass": [1.0]}
-                if together
-                else {}
-            )
-            for r, t in enumerate(per_repeat)
-        ]
-        return {"runs": runs}
-
-    modes = [{"name": "off", "k": 0}, {"name": "x K=2", "k": 2}, {"name": "x K=auto", "k": "auto"}]
-    raw = {
-        "off|alone": cell([1.0, 2.0], together=False),
-        "off|4": cell([3.0, 6.0]),
-        "x K=2|alone": cell([1.1, 2.2], together=False),
-        "x K=2|4": cell([2.0, 4.0]),
-        "x K=auto|alone": cell([1.1, 2.2], together=False),
-        "x K=auto|4": cell([2.7, 5.4]),  # 0.9 of off at 4 in both repeats
-    }
-    rows = {(r["mode"], r["concurrency"]): r for r in _summarize(raw, modes, (4,))}
-    auto = rows[("x K=auto", 4)]
-    assert np.isclose(auto["x_better_paired"], 0.9)
-    assert np.isclose(rows[("x K=auto", "alone")]["x_better_paired"], 1.0)  # ties K=2
-    assert np.isclose(auto["x_alone_paired"], 2.7 / 1.1)
-    assert "x_better_paired" not in rows[("off", 4)]
-
-
-def test_a_concurrency_cells_tokens_per_second_is_its_whole_workloads_not_its_median_batchs() -> (
-    None
-):
-    """Three batches a repeat, of different prompts: speculation off makes 64, 128 and 128
-    tokens in a second each, -k auto 96, 96 and 128. Over the workload both made 320 tokens in
-    3 s; the median batch (128 against 96) would say -k auto ran 0.75x speculation off."""
-    from specx.apps.bench.concurrency import _summarize
-
-    def cell(tokens: list[int], together: bool = True) -> dict:
-        extra = {"latency_s": [1.0], "ttft_s": [0.1], "accepted_per_pass": [1.0]}
-        runs = [
-            {"tokens": t, "wall_s": 1.0, "ttft_s": 0.1, "repeat": r} | (extra if together else {})
-            for r in range(3)
-            for t in tokens
-        ]
-        return {"runs": runs}
-
-    modes = [{"name": "off", "k": 0}, {"name": "x K=auto", "k": "auto"}]
-    raw = {
-        "off|alone": cell([64], together=False),
-        "off|4": cell([64, 128, 128]),
-        "x K=auto|alone": cell([64], together=False),
-        "x K=auto|4": cell([96, 96, 128]),
-    }
-    rows = {(r["mode"], r["concurrency"]): r for r in _summarize(raw, modes, (4,))}
-    off, auto = rows[("off", 4)], rows[("x K=auto", 4)]
-    assert np.isclose(off["tokens_per_s"], 320 / 3) and np.isclose(auto["tokens_per_s"], 320 / 3)
-    assert np.isclose(auto["x_alone"], 320 / 3 / 64)
-    assert (off["tokens_per_s_median_run"], auto["tokens_per_s_median_run"]) == (128.0, 96.0)
 
 
 def test_an_unknown_peer_is_refused_with_exit_2(llama_pair: TinyPair) -> None:

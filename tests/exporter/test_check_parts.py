@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import needs_exporter
+from conftest import export_target_alone, needs_exporter
 
 pytestmark = needs_exporter
 
@@ -37,14 +37,6 @@ FAMILIES = [
 ]
 WHOLE = 1 << 40  # bytes: any test graph is checked whole
 EACH_LEVEL = 1  # byte: every level (the embedding, each layer) is a part of its own
-
-
-def _export(source: Path, out: Path, **options: Any) -> Any:
-    from specx.exporter import ExportOptions, export_pair
-
-    return export_pair(
-        str(source), [], out, ExportOptions(max_length=64, **options), log=lambda _m: None
-    )
 
 
 def _passes(vocab: int, k: int = 3) -> list[Any]:
@@ -81,7 +73,7 @@ def test_a_graph_checked_in_parts_gives_the_whole_graphs_logits_to_the_bit(
 
     model = tiny_models.build_model(arch, tokenizer.get_vocab_size(), seed=1, layers=3)
     source = tiny_models.save(model, tokenizer, tmp_path / "src")
-    manifest = _export(source, tmp_path / "a", attention=attention)
+    manifest = export_target_alone(source, tmp_path / "a", attention=attention)
     _assert_same_bits(tmp_path / "a", manifest.target)
 
 
@@ -93,7 +85,7 @@ def test_an_int4_graph_carried_from_a_gguf_checked_in_parts_gives_the_same_bits(
     from gguf_models import write_gguf
 
     source = write_gguf(tmp_path / f"{arch}.gguf", arch, seed=0)
-    manifest = _export(source, tmp_path / "a", precision="int4")
+    manifest = export_target_alone(source, tmp_path / "a", precision="int4")
     assert manifest.target.variant == "int4"
     _assert_same_bits(tmp_path / "a", manifest.target)
 
@@ -127,7 +119,7 @@ def test_a_frontier_tensor_changed_between_parts_changes_the_logits(
 
     model = tiny_models.build_model("qwen2", tokenizer.get_vocab_size(), seed=1, layers=3)
     source = tiny_models.save(model, tokenizer, tmp_path / "src")
-    spec = _export(source, tmp_path / "a").target
+    spec = export_target_alone(source, tmp_path / "a").target
     passes = _passes(spec.vocab_size)
     whole, _ = run_passes(tmp_path / "a", spec, passes, WHOLE)
     real = check_parts._run_part
@@ -153,7 +145,9 @@ def test_an_export_checked_in_parts_records_the_same_figures(tmp_path: Path) -> 
     source = write_gguf(tmp_path / "m.gguf", "qwen2", seed=0)
     figures = []
     for name, part_bytes in (("whole", WHOLE), ("parts", EACH_LEVEL)):
-        manifest = _export(source, tmp_path / name, precision="int4", check_part_bytes=part_bytes)
+        manifest = export_target_alone(
+            source, tmp_path / name, precision="int4", check_part_bytes=part_bytes
+        )
         figures.append(dict(manifest.target.parity))
         assert not list((tmp_path / name).glob(".check-part*"))
     whole, parted = figures
@@ -161,29 +155,6 @@ def test_an_export_checked_in_parts_records_the_same_figures(tmp_path: Path) -> 
     assert parted.pop("check_parts") == 3
     assert "calibration" in whole
     assert whole == parted
-
-
-def test_the_diagnostic_reports_identical_logits_and_each_ways_peak(tmp_path: Path) -> None:
-    """scripts/diagnostics/check_parts.py, behind docs/performance.md's figures."""
-    import subprocess
-    import sys
-
-    pytest.importorskip("gguf")
-    from gguf_models import write_gguf
-
-    source = write_gguf(tmp_path / "m.gguf", "qwen2", seed=0)
-    _export(source, tmp_path / "a", precision="int4")
-    script = Path(__file__).resolve().parents[2] / "scripts/diagnostics/check_parts.py"
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "a"), "--part-mb", "0.1", "--text", "9"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    rows = [line.split("|") for line in done.stdout.splitlines() if line.startswith("| whole")]
-    parts = [line.split("|") for line in done.stdout.splitlines() if line.startswith("| parts")]
-    assert rows[0][2].strip() == "1" and int(parts[0][2]) > 1
-    assert "logits identical: yes" in done.stdout
 
 
 def test_a_part_size_below_the_minimum_is_refused_with_exit_2(tmp_path: Path) -> None:

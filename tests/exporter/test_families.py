@@ -100,12 +100,13 @@ def test_windowed_layers_and_their_sizes_reach_the_graph(
 
 def test_the_memory_planner_counts_every_family(tmp_path: Path, tokenizer: Any) -> None:
     import tiny_models
-    from specx.exporter.planning.profile import read_config, shape_from_config
+    from specx.exporter.architecture import describe
+    from specx.exporter.planning.profile import read_config
 
     for arch in FAMILIES:
         model = build(arch, tokenizer.get_vocab_size(), seed=1)
         folder = tiny_models.save(model, tokenizer, tmp_path / arch)
-        shape = shape_from_config(read_config(str(folder)), arch)
+        shape = describe(read_config(str(folder))).model_shape(arch)
         real = sum(p.numel() for p in model.parameters())
         assert abs(shape.num_parameters - real) <= 0.05 * real, (arch, shape.num_parameters, real)
         cfg = model.config

@@ -267,7 +267,7 @@ def test_an_unknown_wide_blocks_choice_is_refused_with_exit_2(
 
 
 def test_the_cli_offers_the_exporters_wide_blocks_choices() -> None:
-    from specx.apps.cli.main.export import WIDE_BLOCKS
+    from specx.apps.cli.export import WIDE_BLOCKS
     from specx.exporter.weights.nbits import WIDE_BLOCKS as EXPORTER_CHOICES
 
     assert tuple(WIDE_BLOCKS.choices) == EXPORTER_CHOICES

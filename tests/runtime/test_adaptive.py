@@ -7,7 +7,6 @@ import itertools
 import numpy as np
 import pytest
 
-from conftest import load_script
 from specx.runtime.decode.adaptive import AdaptiveK
 from specx.runtime.decode.policy import StepResult
 from specx.runtime.drafters import LOOKUP, MODEL, NONE
@@ -255,23 +254,3 @@ def test_a_later_generation_keeps_the_probe_rhythm_of_the_one_before() -> None:
     assert probes[-1] > 80 and len(probes) >= 6, ks
     gaps = [b - a - 1 for a, b in itertools.pairwise(probes)]
     assert set(gaps[-2:]) == {16}
-
-
-def test_the_replay_simulation_runs_the_real_policy_on_a_recorded_trace() -> None:
-    sim = load_script("adaptive_sim")
-    # an easy text (8 of 8 accepted, confident) followed by a hard one (nothing accepted, unsure)
-    trace = {
-        "accepted": [8] * 30 + [0] * 30,
-        "confidence": [[0.99] * 8] * 30 + [[0.2] * 8] * 30,
-    }
-    costs = {"target": {w: 0.020 + 0.001 * w for w in range(1, 8)}, "draft": {1: 0.01, 2: 0.011}}
-    rng = np.random.default_rng(0)
-    rates = {}
-    for k in (1, 4):
-        tokens, seconds = sim.replay(trace, costs, None, k, rng)
-        assert tokens == 60 and seconds > 0
-        rates[k] = tokens / seconds
-    policy = AdaptiveK(max_k=6)
-    tokens, seconds = sim.replay(trace, costs, policy, 0, rng)
-    assert tokens == 60 and policy.history
-    assert tokens / seconds > max(rates.values())  # long where easy, nothing wasted where hard

@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 
 from specx.exporter.checks.parity import check_graph
-from specx.exporter.graph.modules import gqa_unsupported
-from specx.exporter.graph.trace import export_graph
+from specx.exporter.graph.trace import GraphRecipe, export_graph
 from specx.exporter.heads.distill.data import TOP, Prompt, Sequence, encode_prompt
 from specx.exporter.weights.load import Log, SourceModel
 from specx.runtime.backends.ort_session import OrtSession
@@ -115,40 +114,55 @@ def decode_recorded(
             if slot is not None or not pending:
                 continue
             i = pending.popleft()
-            prompt = prompts[i]
-            cache.lengths[r] = 0
-            logits = session.forward_rows(  # [1, n, vocab]
-                np.asarray([prompt], np.int64), np.array([len(prompt)]), cache, r
+            joined, logits_last = _join(
+                session, cache, r, _Row(i, list(prompts[i]), len(prompts[i])), record
             )
-            joined = _Row(i, list(prompt), len(prompt))
-            if record:
-                joined.record(
-                    _features(session)[0].astype(np.float16), *top_distribution(logits[0])
-                )
-            choose(joined, logits[0, -1])
+            choose(joined, logits_last)
             slots[r] = joined
-        active = {r: s for r, s in enumerate(slots) if s is not None}
-        first, last = min(active), max(active)
-        tokens = np.zeros((last - first + 1, 1), np.int64)  # [rows, 1]; 0 for an empty row
-        counts = np.zeros(last - first + 1, np.int64)
-        for r, row in active.items():
-            tokens[r - first, 0] = row.ids[-1]
-            counts[r - first] = 1
-        logits = session.forward_rows(tokens, counts, cache, first)  # [rows, 1, vocab]
-        if record:
-            features = _features(session).astype(np.float16)  # [rows, 1, F]
-            top_ids, top_probs = top_distribution(logits[:, 0])  # [rows, TOP] each, all rows
-        for r, row in active.items():
-            j = r - first
-            if record:
-                row.record(features[j], top_ids[j : j + 1], top_probs[j : j + 1])
+        for r, row, logits_last in _pass(session, cache, slots, record):
             if row.done:  # its last token is read: every position has its record
                 out[row.index] = row.sequence()
                 slots[r] = None
                 on_done(1)
             else:
-                choose(row, logits[j, 0])
+                choose(row, logits_last)
     return [out[i] for i in range(len(prompts))]
+
+
+def _join(
+    session: OrtSession, cache: Any, r: int, row: _Row, record: bool
+) -> tuple[_Row, np.ndarray]:
+    """Row r of the cache reads `row`'s prompt; the row and its last position's logits."""
+    cache.lengths[r] = 0
+    logits = session.forward_rows(  # [1, n, vocab]
+        np.asarray([row.ids], np.int64), np.array([len(row.ids)]), cache, r
+    )
+    if record:
+        row.record(_features(session)[0].astype(np.float16), *top_distribution(logits[0]))
+    return row, logits[0, -1]
+
+
+def _pass(
+    session: OrtSession, cache: Any, slots: list[_Row | None], record: bool
+) -> list[tuple[int, _Row, np.ndarray]]:
+    """One one-token pass over the busy rows (each reads its last token): (cache row, the row,
+    its logits [vocab]) for each, recorded where asked."""
+    active = {r: s for r, s in enumerate(slots) if s is not None}
+    first, last = min(active), max(active)
+    tokens = np.zeros((last - first + 1, 1), np.int64)  # [rows, 1]; 0 for an empty row
+    counts = np.zeros(last - first + 1, np.int64)
+    for r, row in active.items():
+        tokens[r - first, 0] = row.ids[-1]
+        counts[r - first] = 1
+    logits = session.forward_rows(tokens, counts, cache, first)  # [rows, 1, vocab]
+    if record:
+        features = _features(session).astype(np.float16)  # [rows, 1, F]
+        top_ids, top_probs = top_distribution(logits[:, 0])  # [rows, TOP] each, all rows
+    for r, row in active.items():
+        j = r - first
+        if record:
+            row.record(features[j], top_ids[j : j + 1], top_probs[j : j + 1])
+    return [(r, row, logits[r - first, 0]) for r, row in active.items()]
 
 
 def _features(session: OrtSession) -> np.ndarray:
@@ -164,10 +178,10 @@ class RuntimeGenerator:
         self._dir = tempfile.TemporaryDirectory(prefix="specx-distill-")
         folder = Path(self._dir.name)
         log(f"  exporting the target to decode with specx's runtime ({rows} rows a pass)")
-        spec = export_graph(
-            src, folder, "target", "target.onnx", MAX_LENGTH, uuid.uuid4().hex, 17, log,
-            "fp32", "gqa", taps,
-        )  # fmt: skip
+        recipe = GraphRecipe(
+            "target", "target.onnx", MAX_LENGTH, uuid.uuid4().hex, 17, attention="gqa", taps=taps
+        )
+        spec = export_graph(src, folder, recipe, log)
         check_graph(src, folder, spec, 2, log)
         self.session = OrtSession(folder / spec.graph, spec, ["cpu"])
         self.src = src
@@ -225,4 +239,4 @@ def runtime_generation_possible(src: SourceModel, device: str) -> str | None:
     """Why the runtime route cannot generate for this target here (None: it can)."""
     if device != "cpu":
         return "the runtime route runs on the CPU; transformers generates on the GPU"
-    return gqa_unsupported(src.model)
+    return src.architecture.gqa_misfit

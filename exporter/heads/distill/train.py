@@ -75,21 +75,11 @@ def unrolled_logits(
         qg = q.view(batch, kv, groups, length, dim)
         if j == 1:
             keys1, values1 = k, v
-            scores = torch.einsum("bkgqd,bksd->bkgqs", qg, k) * scale
-            scores = scores.masked_fill(~causal[:, None, None], float("-inf"))
-            probs = torch.softmax(scores, dim=-1)
-            out = torch.einsum("bkgqs,bksd->bkgqd", probs, v)
         else:
-            assert keys1 is not None and values1 is not None
             chain_keys.append(k)
             chain_values.append(v)
-            scores1 = torch.einsum("bkgqd,bksd->bkgqs", qg, keys1) * scale
-            scores1 = scores1.masked_fill(~causal[:, None, None], float("-inf"))
-            own = [torch.einsum("bkgqd,bkqd->bkgq", qg, ck)[..., None] * scale for ck in chain_keys]
-            probs = torch.softmax(torch.cat([scores1, *own], dim=-1), dim=-1)
-            out = torch.einsum("bkgqs,bksd->bkgqd", probs[..., :length], values1)
-            for i, cv in enumerate(chain_values):
-                out = out + probs[..., length + i, None] * cv[:, :, None]
+        assert keys1 is not None and values1 is not None
+        out = _unrolled_attention(qg, keys1, values1, chain_keys, chain_values, causal, scale)
         out = out.reshape(batch, heads, length, dim).transpose(1, 2).reshape(batch, length, -1)
         hidden = residual + head.o_proj(out)
         y = head.post_norm(hidden)
@@ -99,6 +89,33 @@ def unrolled_logits(
         outputs.append(head.lm_head(head.norm(hidden)).float())
         fused = hidden
     return outputs
+
+
+def _unrolled_attention(
+    qg: Any,
+    keys1: Any,
+    values1: Any,
+    chain_keys: list[Any],
+    chain_values: list[Any],
+    causal: Any,
+    scale: float,
+) -> Any:
+    """One unroll step's attention: to the true pairs (step 1's keys and values [B, kv, T, dim]
+    under `causal` [B, T, T]) and to the step's own chain, the keys of steps 2..j at the same
+    position. qg [B, kv, groups, T, dim] -> [B, kv, groups, T, dim]."""
+    import torch
+
+    scores1 = torch.einsum("bkgqd,bksd->bkgqs", qg, keys1) * scale
+    scores1 = scores1.masked_fill(~causal[:, None, None], float("-inf"))
+    if not chain_keys:
+        return torch.einsum("bkgqs,bksd->bkgqd", torch.softmax(scores1, dim=-1), values1)
+    length = scores1.shape[-1]
+    own = [torch.einsum("bkgqd,bkqd->bkgq", qg, ck)[..., None] * scale for ck in chain_keys]
+    probs = torch.softmax(torch.cat([scores1, *own], dim=-1), dim=-1)
+    out = torch.einsum("bkgqs,bksd->bkgqd", probs[..., :length], values1)
+    for i, cv in enumerate(chain_values):
+        out = out + probs[..., length + i, None] * cv[:, :, None]
+    return out
 
 
 def soft_targets(

@@ -8,107 +8,19 @@ start and stop.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
-from conftest import load_script, needs_exporter
+from batch_tools import PROMPTS, pipe_settings, prompt_ids, row_sequence
+from conftest import needs_exporter
 from reference import assert_same_or_near_tie, hf_greedy
 from specx.runtime import Pipeline
 from specx.runtime.errors import InputError
 
 pytestmark = needs_exporter
-
-PROMPTS = [
-    "The cat is sitting on the mat.",
-    "def add(a, b):",
-    "One, two, three, four, five, six, seven,",
-    "A key-value cache stores",
-    "Speculative decoding lets a small draft model propose tokens that a large model verifies.",
-]
-
-
-def _export(root: Path, tokenizer: Any, arch: str, features: dict[str, Any] | None = None) -> Any:
-    import tiny_models
-    from specx.exporter import ExportOptions, export_pair
-
-    saved = tiny_models.FEATURES.get(arch)
-    if features is not None:
-        tiny_models.FEATURES[arch] = features
-    try:
-        vocab = tokenizer.get_vocab_size()
-        target = tiny_models.build_model(arch, vocab, seed=1)
-        draft = tiny_models.perturbed_copy(target, 0.02, seed=7)
-    finally:
-        if saved is not None:
-            tiny_models.FEATURES[arch] = saved
-    src = tiny_models.save(target, tokenizer, root / f"{arch}-target")
-    dsrc = tiny_models.save(draft, tokenizer, root / f"{arch}-draft")
-    artifact = root / f"{arch}-artifact"
-    export_pair(
-        str(src),
-        [f"mixed={dsrc}", "ngram"],
-        artifact,
-        ExportOptions(max_length=128, batched=True),
-        log=lambda _m: None,
-    )
-    return artifact, target
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: Any, tokenizer: Any) -> Any:
-    return _export(tmp_path_factory.mktemp("batched"), tokenizer, "llama")
-
-
-def _ids(pipe: Pipeline, prompt: str) -> np.ndarray:
-    return pipe.encode_prompt(prompt)
-
-
-def _seq(
-    pipe: Pipeline,
-    ids: np.ndarray,
-    settings: Any,
-    policy: Any = None,
-    drafter: Any = None,
-    emit: Any = None,
-    eos: Any = None,
-) -> Any:
-    """A sequence for a batch row (FixedK(0), no drafter, the artifact's end tokens unless
-    told otherwise)."""
-    from specx.runtime.decode.policy import FixedK
-    from specx.runtime.decode.sequence import Sequence
-    from specx.runtime.decode.stats import Stats
-
-    vocab = pipe.manifest.target.vocab_size
-    ends = pipe.manifest.special_tokens.eos_token_ids if eos is None else eos
-    policy = FixedK(0) if policy is None else policy
-    return Sequence(ids, settings, policy, drafter, Stats(), vocab, frozenset(ends), emit=emit)
-
-
-def test_a_batched_export_records_its_graph_and_checks_two_rows_at_different_lengths(
-    llama: Any,
-) -> None:
-    import onnx
-
-    artifact, _ = llama
-    pipe = Pipeline.load(artifact)
-    spec = pipe.manifest.batched
-    assert spec is not None and spec.attention == "batched" and spec.graph == "target.batched.onnx"
-    assert "ai.onnx:TensorScatter" in spec.operators
-    assert spec.parity["batch_max_abs_logit_diff"] <= spec.parity["tolerance"]
-    assert spec.parity["single"]["passed"]
-    model = onnx.load(str(artifact / spec.graph), load_external_data=False)
-    assert {o.domain: o.version for o in model.opset_import}[""] == 24
-    assert pipe.manifest.target.attention == "gqa"  # single sequences keep the fast graph
-    from specx.runtime.artifact.facts import artifact_facts
-
-    facts = artifact_facts(pipe.manifest)
-    assert facts["batched"]["min_onnxruntime"] == "1.26"  # TensorScatter, measured
-    assert facts["onnxruntime"]["min_version"] == "1.20"  # what one sequence at a time needs
 
 
 @pytest.mark.parametrize(
@@ -116,30 +28,24 @@ def test_a_batched_export_records_its_graph_and_checks_two_rows_at_different_len
     [("none", 0), ("ngram", 3), ("mixed", 3), ("mixed", "auto"), ("ngram+mixed", "auto")],
 )
 def test_every_sequence_of_a_batch_decodes_as_transformers_greedy(
-    llama: Any, drafter: str, k: Any
+    batched_llama: Any, drafter: str, k: Any
 ) -> None:
-    artifact, target = llama
+    artifact, target = batched_llama
     pipe = Pipeline.load(artifact)
     eos = pipe.manifest.special_tokens.eos_token_ids
     lengths = [20, 7, 30, 12, 25]  # rows stop at different steps; later prompts join
     settings = [pipe_settings(max_new_tokens=n, drafter=drafter, k=k) for n in lengths]
     results = pipe.generate_batch(PROMPTS, settings, max_batch=3)
     for prompt, n, result in zip(PROMPTS, lengths, results, strict=True):
-        ids = _ids(pipe, prompt)
+        ids = prompt_ids(pipe, prompt)
         want = hf_greedy(target, ids, n, eos)
         assert_same_or_near_tie(target, ids, result.token_ids, want)
         assert result.finished and result.stats.new_tokens == len(result.token_ids)
         assert result.text == pipe.codec.decode(result.token_ids)
 
 
-def pipe_settings(**options: Any) -> Any:
-    from specx.runtime.settings import GenerationSettings
-
-    return GenerationSettings.of(None, **options)
-
-
-def test_a_seeded_sample_in_a_batch_is_the_same_text_as_alone(llama: Any) -> None:
-    artifact, _ = llama
+def test_a_seeded_sample_in_a_batch_is_the_same_text_as_alone(batched_llama: Any) -> None:
+    artifact, _ = batched_llama
     pipe = Pipeline.load(artifact)
     options = {"max_new_tokens": 24, "temperature": 3.0, "drafter": "mixed", "k": 3}
     alone = [pipe.generate(p, seed=11 + i, **options).token_ids for i, p in enumerate(PROMPTS)]
@@ -152,31 +58,10 @@ def test_a_seeded_sample_in_a_batch_is_the_same_text_as_alone(llama: Any) -> Non
     assert len({tuple(t) for t in alone}) == len(alone)
 
 
-def test_a_sliding_window_model_decodes_exactly_in_a_batch(tmp_path: Path, tokenizer: Any) -> None:
-    artifact, target = _export(tmp_path, tokenizer, "gemma3")
-    pipe = Pipeline.load(artifact)
-    eos = pipe.manifest.special_tokens.eos_token_ids
-    settings = [pipe_settings(max_new_tokens=24, drafter="mixed", k=2) for _ in PROMPTS[:3]]
-    results = pipe.generate_batch(PROMPTS[:3], settings, max_batch=3)
-    for prompt, result in zip(PROMPTS, results, strict=False):
-        ids = _ids(pipe, prompt)
-        assert_same_or_near_tie(target, ids, result.token_ids, hf_greedy(target, ids, 24, eos))
-
-
-def test_gpt2_exports_a_batched_graph_too(tmp_path: Path, tokenizer: Any) -> None:
-    artifact, target = _export(tmp_path, tokenizer, "gpt2")
-    pipe = Pipeline.load(artifact)
-    eos = pipe.manifest.special_tokens.eos_token_ids
-    results = pipe.generate_batch(PROMPTS[:2], max_new_tokens=16, drafter="ngram", k=2)
-    for prompt, result in zip(PROMPTS, results, strict=False):
-        ids = _ids(pipe, prompt)
-        assert_same_or_near_tie(target, ids, result.token_ids, hf_greedy(target, ids, 16, eos))
-
-
-def test_rows_join_and_leave_and_several_share_each_pass(llama: Any) -> None:
+def test_rows_join_and_leave_and_several_share_each_pass(batched_llama: Any) -> None:
     from specx.runtime.batch.decoder import BatchDecoder
 
-    artifact, _ = llama
+    artifact, _ = batched_llama
     pipe = Pipeline.load(artifact)
     session = pipe.batched_session()
     decoder = BatchDecoder(session.fork(), 2, 96)
@@ -184,16 +69,18 @@ def test_rows_join_and_leave_and_several_share_each_pass(llama: Any) -> None:
     seqs = {}
     for i, n in ((0, 5), (1, 12)):
         settings = pipe_settings(max_new_tokens=n)
-        ids = _ids(pipe, PROMPTS[i])
-        seqs[i] = decoder.add(_seq(pipe, ids, settings, emit=emitted[i].extend))
+        ids = prompt_ids(pipe, PROMPTS[i])
+        seqs[i] = decoder.add(row_sequence(pipe, ids, settings, emit=emitted[i].extend))
     assert decoder.free_rows == 0
     with pytest.raises(InputError, match="busy"):
-        decoder.add(_seq(pipe, _ids(pipe, PROMPTS[2]), pipe_settings()))
+        decoder.add(row_sequence(pipe, prompt_ids(pipe, PROMPTS[2]), pipe_settings()))
     while not seqs[0].done:
         decoder.step()
     assert decoder.free_rows == 1 and not seqs[1].done  # row 0 left, row 1 goes on
     settings = pipe_settings(max_new_tokens=4)
-    seqs[2] = decoder.add(_seq(pipe, _ids(pipe, PROMPTS[2]), settings, emit=emitted[2].extend))
+    seqs[2] = decoder.add(
+        row_sequence(pipe, prompt_ids(pipe, PROMPTS[2]), settings, emit=emitted[2].extend)
+    )
     decoder.run()
     assert max(decoder.rows_per_pass) == 2
     for i, n in ((0, 5), (1, 12), (2, 4)):
@@ -204,11 +91,13 @@ def test_rows_join_and_leave_and_several_share_each_pass(llama: Any) -> None:
     assert decoder.cache.lengths.tolist() == [0, 0]  # finished rows hold nothing
 
 
-def test_batching_refuses_what_it_cannot_do_with_a_clear_error(llama: Any, tmp_path: Path) -> None:
+def test_batching_refuses_what_it_cannot_do_with_a_clear_error(
+    batched_llama: Any, tmp_path: Path
+) -> None:
     import json
     import shutil
 
-    artifact, _ = llama
+    artifact, _ = batched_llama
     pipe = Pipeline.load(artifact)
     with pytest.raises(InputError, match="max_batch"):
         pipe.generate_batch(PROMPTS[:1], max_batch=0)
@@ -227,7 +116,7 @@ def test_batching_refuses_what_it_cannot_do_with_a_clear_error(llama: Any, tmp_p
 
 
 def test_a_batch_plans_for_its_last_row_only_once_no_prompt_waits_for_a_row(
-    llama: Any, monkeypatch: Any
+    batched_llama: Any, monkeypatch: Any
 ) -> None:
     """generate_batch's caller gets every result at once: once no prompt waits for a free row,
     -k auto is told the most tokens any row has left (the rows that finish the batch); while
@@ -242,7 +131,7 @@ def test_a_batch_plans_for_its_last_row_only_once_no_prompt_waits_for_a_row(
         return plan(self, active, rows, joining, last)
 
     monkeypatch.setattr(WidthPlanner, "plan", recorded)
-    artifact, _ = llama
+    artifact, _ = batched_llama
     pipe = Pipeline.load(artifact)
     options = {"max_new_tokens": 10, "drafter": "ngram", "k": "auto"}
     alone = [pipe.generate(p, **options).token_ids for p in PROMPTS[:3]]
@@ -262,10 +151,10 @@ def test_a_batch_plans_for_its_last_row_only_once_no_prompt_waits_for_a_row(
     assert told and all(t is None for t in told)
 
 
-def test_threads_sharing_a_batching_pipeline_get_their_solo_outputs(llama: Any) -> None:
+def test_threads_sharing_a_batching_pipeline_get_their_solo_outputs(batched_llama: Any) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    artifact, _ = llama
+    artifact, _ = batched_llama
     pipe = Pipeline.load(artifact)
     jobs = [
         {"max_new_tokens": 12 + 3 * i, "drafter": d, "k": k}
@@ -297,65 +186,11 @@ def test_threads_sharing_a_batching_pipeline_get_their_solo_outputs(llama: Any) 
     assert pipe.batching is None
 
 
-def test_specx_serve_batches_concurrent_openai_requests(llama: Any) -> None:
-    import socket
-    import threading
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-
-    pytest.importorskip("uvicorn")
-    openai = pytest.importorskip("openai")
-    import uvicorn
-
-    from specx.apps.serve import ServeConfig, Server
-
-    artifact, _ = llama
-    pipe = Pipeline.load(artifact)
-    want = [pipe.generate(p, max_new_tokens=16, k=3, drafter="mixed").text for p in PROMPTS[:4]]
-    pipe.enable_batching(max_batch=4, context=96)
-    app = Server(pipe, ServeConfig(model_name="tiny", max_concurrency=4)).app()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    try:
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1",
-            api_key="unused",
-            max_retries=0,
-            timeout=60,
-        )
-
-        def ask(prompt: str) -> str:
-            out = client.completions.create(
-                model="tiny",
-                prompt=prompt,
-                max_tokens=16,
-                temperature=0,
-                extra_body={"k": 3, "drafter": "mixed"},
-            )
-            return out.choices[0].text
-
-        with ThreadPoolExecutor(4) as pool:
-            got = list(pool.map(ask, PROMPTS[:4]))
-        assert got == want
-        assert max(pipe.batching.decoder.rows_per_pass) > 1
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
-        pipe.disable_batching()
-
-
 def test_the_gqa_graph_takes_one_token_per_row_over_rows_of_different_lengths(
-    llama: Any,
+    batched_llama: Any,
 ) -> None:
     """The passes a batch routes to the single-sequence graph give the batched graph's logits."""
-    artifact, _ = llama
+    artifact, _ = batched_llama
     pipe = Pipeline.load(artifact)
     batched, single = pipe.batched_session().fork(), pipe.target.fork()
     rng = np.random.default_rng(3)
@@ -374,6 +209,8 @@ def test_the_gqa_graph_takes_one_token_per_row_over_rows_of_different_lengths(
 
 
 SAMPLES = 2000
+
+
 SMALL_PROMPT = np.array([0, 5, 9, 4], dtype=np.int64)
 
 
@@ -465,16 +302,18 @@ def test_the_batched_chi_square_catches_a_broken_verifier(
     assert chi_square_p_value(batched_pairs(artifact, params, eos), expected) < 1e-6
 
 
-def test_a_long_prompt_joins_in_chunks_while_the_others_decode(llama: Any) -> None:
+def test_a_long_prompt_joins_in_chunks_while_the_others_decode(batched_llama: Any) -> None:
     from specx.runtime.batch.decoder import BatchDecoder
 
-    artifact, _ = llama
+    artifact, _ = batched_llama
     pipe = Pipeline.load(artifact)
     decoder = BatchDecoder(pipe.batched_session().fork(), 2, 128, pipe.single_graph())
-    short = decoder.add(_seq(pipe, _ids(pipe, PROMPTS[1]), pipe_settings(max_new_tokens=20)))
+    short = decoder.add(
+        row_sequence(pipe, prompt_ids(pipe, PROMPTS[1]), pipe_settings(max_new_tokens=20))
+    )
     decoder.step()
-    long_prompt = np.concatenate([_ids(pipe, p) for p in PROMPTS])[:100]
-    long = decoder.add(_seq(pipe, long_prompt, pipe_settings(max_new_tokens=8)))
+    long_prompt = np.concatenate([prompt_ids(pipe, p) for p in PROMPTS])[:100]
+    long = decoder.add(row_sequence(pipe, long_prompt, pipe_settings(max_new_tokens=8)))
     before = len(short.tokens)
     decoder.step()  # the first 64 prompt tokens of the long row, and a decode step of the short
     assert len(short.tokens) == before + 1 and long.prefilled == decoder.prompts.PREFILL_CHUNK
@@ -486,7 +325,7 @@ def test_a_long_prompt_joins_in_chunks_while_the_others_decode(llama: Any) -> No
 
 
 def test_rows_drafting_together_propose_what_each_would_alone_in_fewer_passes(
-    llama: Any,
+    batched_llama: Any,
 ) -> None:
     """Shared draft passes (drafters/shared_passes.py): four rows at different lengths, row 0
     reading its prompt and row 3 four tokens behind (alone, then they join), rows 1 and 2 two
@@ -497,9 +336,9 @@ def test_rows_drafting_together_propose_what_each_would_alone_in_fewer_passes(
     from specx.runtime.drafters.shared_passes import DraftRows, RowSteps
     from specx.runtime.verification.sampling import PositionNoise, SamplingParams
 
-    artifact, _ = llama
+    artifact, _ = batched_llama
     pipe = Pipeline.load(artifact)
-    contexts = [_ids(pipe, p) for p in PROMPTS[:4]]
+    contexts = [prompt_ids(pipe, p) for p in PROMPTS[:4]]
     behind = [len(contexts[0]), 2, 2, 4]  # committed tokens each row's cache lacks
     vocab = pipe.manifest.target.vocab_size
     request = DraftRequest(SamplingParams(), PositionNoise(0, vocab), prefill=False)
@@ -542,19 +381,21 @@ def test_rows_drafting_together_propose_what_each_would_alone_in_fewer_passes(
     assert [rows.length(r) for r in range(4)] == [len(c) + 1 for c in contexts]
 
 
-def test_a_batch_shares_its_draft_models_passes_and_unbinds_its_drafters(llama: Any) -> None:
+def test_a_batch_shares_its_draft_models_passes_and_unbinds_its_drafters(
+    batched_llama: Any,
+) -> None:
     """Rows drafting with the same draft model share its passes; each decodes as alone, and
     once done its drafter works alone again (its own cache)."""
     from specx.runtime.batch.decoder import BatchDecoder
     from specx.runtime.decode.policy import FixedK
 
-    artifact, _ = llama
+    artifact, _ = batched_llama
     pipe = Pipeline.load(artifact)
     decoder = BatchDecoder(pipe.batched_session().fork(), 3, 96)
     drafters = [pipe.new_drafter("mixed") for _ in range(3)]
     settings = pipe_settings(max_new_tokens=20)
     seqs = [
-        decoder.add(_seq(pipe, _ids(pipe, PROMPTS[i]), settings, FixedK(3), d))
+        decoder.add(row_sequence(pipe, prompt_ids(pipe, PROMPTS[i]), settings, FixedK(3), d))
         for i, d in enumerate(drafters)
     ]
     decoder.run()
@@ -571,18 +412,18 @@ def test_a_batch_shares_its_draft_models_passes_and_unbinds_its_drafters(llama: 
 
     request = DraftRequest(SamplingParams(), PositionNoise(0, pipe.manifest.target.vocab_size))
     fresh = pipe.new_drafter("mixed")
-    ids = _ids(pipe, PROMPTS[3])
+    ids = prompt_ids(pipe, PROMPTS[3])
     for d in (drafters[0], fresh):
         d.start(ids, request)
     assert drafters[0].propose(ids, 3).tokens.tolist() == fresh.propose(ids, 3).tokens.tolist()
     assert rows.cache.lengths.tolist() == [0, 0, 0]
 
 
-def test_rows_sharing_a_prompt_prefix_copy_it_and_decode_as_alone(llama: Any) -> None:
+def test_rows_sharing_a_prompt_prefix_copy_it_and_decode_as_alone(batched_llama: Any) -> None:
     """A joining row copies the prompt prefix another row holds (a shared system prompt) into
     its target row and its draft row instead of computing it; every row still decodes exactly
     as alone, and the copy is counted in its statistics."""
-    artifact, target = llama
+    artifact, target = batched_llama
     pipe = Pipeline.load(artifact)
     system = "You are a careful assistant. "
     prompts = [system + p for p in PROMPTS[:3]]
@@ -599,19 +440,20 @@ def test_rows_sharing_a_prompt_prefix_copy_it_and_decode_as_alone(llama: Any) ->
 
 
 def test_rows_joining_together_read_their_prompts_in_one_pass_after_a_shared_prefix(
-    llama: Any,
+    batched_llama: Any,
 ) -> None:
     """Rows that join in the same step read their prompts in one batched pass; rows sharing a
     system prompt let the first compute it alone, then copy it and read the rest together."""
     from specx.runtime.batch.decoder import BatchDecoder
 
-    artifact, _ = llama
+    artifact, _ = batched_llama
     pipe = Pipeline.load(artifact)
 
     def decoder_with(prompts: list[str]) -> tuple[BatchDecoder, list[Any]]:
         decoder = BatchDecoder(pipe.batched_session().fork(), 3, 128, pipe.single_graph())
         seqs = [
-            decoder.add(_seq(pipe, _ids(pipe, p), pipe_settings(max_new_tokens=6))) for p in prompts
+            decoder.add(row_sequence(pipe, prompt_ids(pipe, p), pipe_settings(max_new_tokens=6)))
+            for p in prompts
         ]
         return decoder, seqs
 
@@ -641,130 +483,16 @@ def test_rows_joining_together_read_their_prompts_in_one_pass_after_a_shared_pre
     decoder, seqs = decoder_with(prompts[:1])
     decoder.step()
     late = [system + p for p in PROMPTS[3:5]]
-    seqs += [decoder.add(_seq(pipe, _ids(pipe, p), pipe_settings(max_new_tokens=6))) for p in late]
+    seqs += [
+        decoder.add(row_sequence(pipe, prompt_ids(pipe, p), pipe_settings(max_new_tokens=6)))
+        for p in late
+    ]
     decoder.step()
     assert decoder.prefill_passes == 2 and all(s.prefilled == -1 for s in seqs)
     assert min(s.stats.reused_prompt_tokens for s in seqs[1:]) >= shared
     decoder.run()
     for prompt, s in zip(prompts[:1] + late, seqs, strict=True):
         assert s.tokens == pipe.generate(prompt, max_new_tokens=6, k=0).token_ids
-
-
-def test_the_concurrency_bench_runs_every_prompt_at_every_concurrency(
-    llama: Any, monkeypatch: Any
-) -> None:
-    import specx.apps.bench.concurrency as bench
-
-    assert bench.together_batches(5, 2, 1) == [[1, 2], [3, 4], [0, 1]]
-    assert bench.together_batches(5, 8, 0) == [[0, 1, 2, 3, 4, 0, 1, 2]]
-    three = [{"name": n} for n in "abc"]
-    order = ["".join(m["name"] for m in bench.mode_order(three, r)) for r in range(4)]
-    assert order == ["abc", "bca", "cab", "abc"]  # each mode first once in as many units
-    units = bench.work_units(2, (1, 2), 0)
-    assert units == [("alone", [[0]]), ("alone", [[1]]), (1, [[0], [1]]), (2, [[0, 1]])]
-    artifact, _ = llama
-    pipe = Pipeline.load(artifact)
-    prompts = [_ids(pipe, p) for p in PROMPTS[:3]]
-    ran: dict[int, list[int]] = {}
-    calls: list[tuple[int, Any]] = []  # (requests, K) of each batch, in the order they ran
-    together = bench._together
-
-    def counted(pipe: Any, batch: list[np.ndarray], settings: Any) -> Any:
-        ids = [next(i for i, p in enumerate(prompts) if p is q) for q in batch]
-        ran.setdefault(len(batch), []).extend(ids)
-        calls.append((len(batch), settings.k))
-        return together(pipe, batch, settings)
-
-    monkeypatch.setattr(bench, "_together", counted)
-    modes = bench.concurrency_modes("mixed", (2,), auto=True)
-    results = bench.run_concurrency(pipe, prompts, (1, 2), modes, 4, 1, lambda _m: None)
-    for c in (1, 2):  # each of the 3 modes ran every prompt, in ceil(3 / c) batches of c
-        assert sorted(set(ran[c])) == [0, 1, 2] and len(ran[c]) == 3 * -(-3 // c) * c
-    # interleaved: every mode ran its 1-request batches before any mode its 2-request ones,
-    # each mode's batches of a concurrency back to back, the modes' order turned per unit
-    assert [n for n, _ in calls] == [1] * 9 + [2] * 6
-    assert [k for _, k in calls[:9:3]] == [0, 2, "auto"]  # unit 3 of repeat 0: turned by 3
-    assert [k for _, k in calls[9::2]] == [2, "auto", 0]  # unit 4: turned by 4 = 1 mod 3
-    rows = results["rows"]
-    assert [(r["mode"], r["concurrency"]) for r in rows[:3]] == [
-        ("off", "alone"),
-        ("off", 1),
-        ("off", 2),
-    ]
-    assert all(r["tokens_per_s"] > 0 and r["latency_s"] > 0 for r in rows)
-    assert all(r["x_alone"] == 1.0 for r in rows if r["concurrency"] == "alone")
-    assert "mixed K=auto" in bench.format_concurrency(results)
-    assert all(r["x_alone_paired"] == 1.0 for r in rows if r["concurrency"] == "alone")
-    assert [("x_better_paired" in r) for r in rows] == [r["mode"] == "mixed K=auto" for r in rows]
-    # every run is kept, as the JSON the bench writes (a recount of any figure needs them)
-    runs = json.loads(json.dumps(results))["runs"]
-    assert len(runs["off|2"]) == 2 and {r["repeat"] for r in runs["off|alone"]} == {0}
-
-
-def test_the_step_parts_script_splits_batch_steps_and_puts_back_what_it_timed(llama: Any) -> None:
-    from specx.runtime.batch.decoder import BatchDecoder
-    from specx.runtime.batch.widths import WidthPlanner
-
-    script = load_script("step_parts")
-    before = (
-        BatchDecoder.step,
-        WidthPlanner.plan,
-        "run_with_iobinding" in vars(ort.InferenceSession),
-    )
-    artifact, _ = llama
-    pipe = Pipeline.load(artifact)
-    prompts = [_ids(pipe, p) for p in PROMPTS[:3]]
-    parts = script.step_parts(pipe, prompts, 2, 1, "ngram+mixed", new_tokens=6)
-    after = (
-        BatchDecoder.step,
-        WidthPlanner.plan,
-        "run_with_iobinding" in vars(ort.InferenceSession),
-    )
-    assert after == before  # the timing wrappers are gone
-    for mode in ("off", "-k auto"):
-        p = parts[mode]
-        assert p["steps"] >= 6 and p["tok/s"] > 0
-        assert 0 < p["onnxruntime"] < p["step"] and p["rest"] > 0
-        assert p["planner"] >= 0 and p["onnxruntime"] + p["planner"] + p["rest"] == pytest.approx(
-            p["step"]
-        )
-    ms = script.prefill_logits(pipe, 20, 2)
-    assert set(ms) == {"prefill", "lm_head", "every output fetched", "logits not fetched"}
-    assert all(v > 0 for v in ms.values())
-
-
-def test_the_batch_rows_script_counts_each_rows_passes_and_drafts(llama: Any) -> None:
-    script = load_script("batch_rows")
-    artifact, _ = llama
-    pipe = Pipeline.load(artifact)
-    prompts = [_ids(pipe, p) for p in PROMPTS[:3]]
-    off = script.batch_rows(pipe, prompts, 2, 0, new_tokens=6, drafter="mixed")
-    drafted = script.batch_rows(pipe, prompts, 2, 3, new_tokens=6, drafter="mixed")
-    assert len(off) == len(drafted) == 2  # ceil(3 / 2) batches of 2 rows
-    for b in off:
-        assert [row[:1] for row in b] == [(6,), (6,)]
-        assert all(passes == 6 and proposed == accepted == 0 for _, passes, proposed, accepted in b)
-    rows = [row for b in drafted for row in b]
-    assert all(proposed > 0 and 0 <= accepted <= proposed for _, _, proposed, accepted in rows)
-    # each pass commits one token and what it accepted (the last may cut some off)
-    assert all(passes <= tokens <= passes + accepted for tokens, passes, _, accepted in rows)
-
-
-def test_the_batch_of_one_script_compares_it_with_the_same_request_alone(llama: Any) -> None:
-    script = load_script("batch_of_one")
-    artifact, _ = llama
-    pipe = Pipeline.load(artifact)
-    prompts = [_ids(pipe, p) for p in PROMPTS[:2]]
-    totals = script.alone_and_batch_of_one(
-        pipe, prompts, 2, new_tokens=8, drafter="mixed", modes=("off", "2", "auto"), between=2
-    )
-    assert set(totals) == {"off", "2", "auto"}
-    for mode, ways in totals.items():
-        assert set(ways) == {"alone", "batch of one"}
-        for t in ways.values():  # the second round only: 2 prompts x 8 tokens
-            assert t["tokens"] == 16 and 0 < t["passes"] <= 16 and t["seconds"] > 0
-            if mode != "auto":  # -k auto may judge drafting too costly on a loaded machine
-                assert (t["passes"] == 16) == (mode == "off")  # off: one token a pass
 
 
 class _NeverDrafts:
@@ -796,7 +524,7 @@ def _lookup_offers(prompt: np.ndarray, steps: list[Any]) -> list[bool | None]:
 
 
 def test_a_step_that_drafts_nothing_tells_the_policy_whether_the_lookup_was_right(
-    llama: Any,
+    batched_llama: Any,
 ) -> None:
     """Alone and in a batch, a step that drafts nothing while a lookup had tokens to offer
     reports whether the lookup's first token is the one committed; no other step does."""
@@ -804,12 +532,12 @@ def test_a_step_that_drafts_nothing_tells_the_policy_whether_the_lookup_was_righ
     from specx.runtime.decode.loop import decode_loop
     from specx.runtime.drafters.ngram import NgramDrafter
 
-    artifact, _ = llama
+    artifact, _ = batched_llama
     pipe = Pipeline.load(artifact)
-    prompts = [_ids(pipe, PROMPTS[i]) for i in (4, 0)]
+    prompts = [prompt_ids(pipe, PROMPTS[i]) for i in (4, 0)]
     alone = _NeverDrafts()
     settings = pipe_settings(max_new_tokens=40)
-    seq = _seq(pipe, prompts[0], settings, alone, NgramDrafter(), eos=())
+    seq = row_sequence(pipe, prompts[0], settings, alone, NgramDrafter(), eos=())
     for _ in decode_loop(pipe.target, pipe.target.new_cache(pipe.manifest.max_length), seq):
         pass
     offers = _lookup_offers(prompts[0], alone.steps)
@@ -820,7 +548,7 @@ def test_a_step_that_drafts_nothing_tells_the_policy_whether_the_lookup_was_righ
     rows = [_NeverDrafts() for _ in prompts]
     for p, policy in zip(prompts, rows, strict=True):
         settings = pipe_settings(max_new_tokens=24)
-        decoder.add(_seq(pipe, p, settings, policy, NgramDrafter(), eos=()))
+        decoder.add(row_sequence(pipe, p, settings, policy, NgramDrafter(), eos=()))
     decoder.run()
     for p, policy in zip(prompts, rows, strict=True):
         offers = _lookup_offers(p, policy.steps)
@@ -828,23 +556,12 @@ def test_a_step_that_drafts_nothing_tells_the_policy_whether_the_lookup_was_righ
         assert any(o is not None for o in offers)
 
 
-def test_the_batch_trace_script_traces_the_concurrency_benchs_own_run(llama: Any) -> None:
-    script = load_script("batch_trace")
-    artifact, _ = llama
-    lines = script.bench_steps(Pipeline.load(artifact), 1, "mixed", prompts=2, new_tokens=6)
-    text = "\n".join(lines)
-    assert "mode" in lines[0] and "mixed K=auto" in text  # the bench's table
-    planned = [line for line in lines if " rows plain " in line or " rows drafted " in line]
-    assert planned and all(int(line.split("steps")[1].split()[0]) > 0 for line in planned)
-    assert any("shared draft-model runs" in line for line in lines)  # the fixed-K rows' runs
-
-
-def test_constrained_rows_with_logprobs_in_a_batch_equal_each_row_alone(llama: Any) -> None:
+def test_constrained_rows_with_logprobs_in_a_batch_equal_each_row_alone(batched_llama: Any) -> None:
     import json
 
     from specx.runtime import Grammar
 
-    artifact, _ = llama
+    artifact, _ = batched_llama
     pipe = Pipeline.load(artifact)
     schema = {
         "type": "object",
