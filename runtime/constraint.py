@@ -24,6 +24,7 @@ grammar is asked for.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,16 @@ from typing import Any
 import numpy as np
 
 from specx.runtime.errors import InputError
+from specx.runtime.grammar_limits import (
+    DEFAULT_LIMITS,
+    GrammarError,
+    GrammarLimitError,
+    GrammarLimits,
+    over_limit,
+    probe,
+    refusal,
+    wide_parts,
+)
 
 # kind -> what `source` holds
 GRAMMAR_KINDS = {
@@ -74,6 +85,11 @@ class Grammar:
         text = schema if isinstance(schema, str) else json.dumps(schema)
         try:
             parsed = json.loads(text)
+        except RecursionError as e:
+            raise InputError(
+                "the JSON Schema is nested too deeply to read",
+                "nest it less deeply (a few dozen levels at most)",
+            ) from e
         except json.JSONDecodeError as e:
             raise InputError(
                 f"the JSON Schema is not valid JSON: {e}",
@@ -112,10 +128,33 @@ class Grammar:
         """llguidance's JSON options for this grammar (`x-guidance` in a schema overrides them)."""
         return dict(JSON_COMPACT if self.compact else JSON_LAYOUT)
 
-    def compile(self) -> str:
-        """llguidance's grammar for this one; an InputError names what is wrong with it."""
+    def compile(self, limits: GrammarLimits = DEFAULT_LIMITS) -> str:
+        """llguidance's grammar for this one, checked against `limits` without a tokenizer (a
+        GrammarTokenizer's `check` also walks it); an InputError names what is wrong with it."""
+        grammar = self.unchecked(limits)
+        matcher = _llguidance().LLMatcher
+        is_error, messages = matcher.validate_grammar_with_warnings(grammar, limits=limits.native())
+        if is_error:
+            raise self.invalid(messages[0] if messages else "unknown error")
+        return grammar
+
+    def invalid(self, error: str) -> InputError:
+        """The InputError for llguidance's verdict on this grammar."""
+        return over_limit(error) or InputError(
+            f"invalid {self.kind} grammar: {error}", "check it against " + GRAMMAR_KINDS[self.kind]
+        )
+
+    def unchecked(self, limits: GrammarLimits = DEFAULT_LIMITS) -> str:
+        """llguidance's grammar for this one, not yet validated (its size checked)."""
         llg = _llguidance()
         matcher = llg.LLMatcher
+        size = len(self.source.encode("utf-8", "surrogatepass"))
+        if size > limits.max_source_bytes:
+            raise InputError(
+                f"the {self.kind} grammar is {size} bytes, above the limit of "
+                f"{limits.max_source_bytes}",
+                "send a smaller grammar, or start the server with a higher --grammar-size",
+            )
         try:
             if self.kind == "json_schema":
                 grammar = matcher.grammar_from_json_schema(self.source, defaults=self.json_options)
@@ -131,12 +170,6 @@ class Grammar:
                 grammar = matcher.grammar_from_lark(self.source)
         except (ValueError, TypeError) as e:  # gbnf_to_lark and the JSON reader raise these
             raise InputError(f"invalid {self.kind} grammar: {e}") from e
-        is_error, messages = matcher.validate_grammar_with_warnings(grammar)
-        if is_error:
-            raise InputError(
-                f"invalid {self.kind} grammar: {messages[0] if messages else 'unknown error'}",
-                "check it against " + GRAMMAR_KINDS[self.kind],
-            )
         return str(grammar)
 
 
@@ -157,6 +190,9 @@ JSON_LAYOUT: dict[str, Any] = {"whitespace_flexible": False, "whitespace_pattern
 JSON_COMPACT: dict[str, Any] = {"whitespace_flexible": False}
 
 
+CHECKED_KEPT = 64  # checked grammars a tokenizer remembers
+
+
 class GrammarTokenizer:
     """llguidance's view of an artifact's tokenizer (built once per pipeline: it indexes every
     token's bytes, which takes about a second on a 150k vocabulary)."""
@@ -171,6 +207,10 @@ class GrammarTokenizer:
             )
         except ValueError as e:  # e.g. a word-level tokenizer: no bytes to match
             raise InputError(f"this artifact's tokenizer cannot take a grammar: {e}") from e
+        # grammars checked: (grammar, limits) -> a fresh matcher, copied for each generation, or
+        # the InputError that refused it
+        self._checked: dict[tuple[Grammar, GrammarLimits], Any | InputError] = {}
+        self._lock = threading.Lock()
 
     def lark_literal(self, text: str) -> str:
         """`text` as a Lark terminal: `<[id]>` when it is one token llguidance treats as special
@@ -182,22 +222,72 @@ class GrammarTokenizer:
             return f"<[{ids[0]}]>"
         return json.dumps(text)
 
-    def constraint(self, grammar: Grammar | str) -> Constraint:
-        compiled = grammar.compile() if isinstance(grammar, Grammar) else grammar
-        return Constraint(self, compiled)
+    def check(self, grammar: Grammar, limits: GrammarLimits = DEFAULT_LIMITS) -> Any:
+        """A fresh matcher of `grammar`, compiled and probed within `limits` (what fails here
+        fails before generation, as an InputError, not during it); the verdict is kept, so that
+        a server that sees the same schema again neither compiles nor probes it again."""
+        key = (grammar, limits)
+        with self._lock:
+            found = self._checked.get(key)
+        if found is None:
+            try:
+                found = self._matcher(grammar, limits)  # outside the lock: it may take seconds
+            except InputError as e:
+                found = e  # refused again at once when sent again
+            with self._lock:
+                if len(self._checked) >= CHECKED_KEPT:
+                    self._checked.pop(next(iter(self._checked)))  # the oldest
+                self._checked[key] = found
+        if isinstance(found, InputError):
+            raise found
+        with self._lock:
+            return found.deep_copy()
+
+    def _matcher(self, grammar: Grammar, limits: GrammarLimits, parts: bool = True) -> Any:
+        """A fresh matcher of `grammar`, probed; with `parts`, a JSON Schema's wide parts are
+        probed alone too (grammar_limits.wide_parts)."""
+        llg = _llguidance()
+        compiled = grammar.unchecked(limits)
+        matcher = llg.LLMatcher(self.native, compiled, log_level=0, limits=limits.native())
+        if matcher.is_error():
+            raise grammar.invalid(matcher.get_error())
+        probe(matcher, self.vocab_size, set(self.eos_token_ids), limits)
+        if parts and grammar.kind == "json_schema" and limits.probe_walks:
+            for pointer, part in wide_parts(json.loads(grammar.source)):
+                try:
+                    self._matcher(Grammar.json_schema(part, grammar.compact), limits, False)
+                except GrammarLimitError as e:
+                    message = f"{e.message} at {pointer} of the schema"
+                    raise GrammarLimitError(message, e.hint) from e
+                except InputError:
+                    continue  # a part that means nothing alone (a reference to its root)
+        return matcher
+
+    def constraint(
+        self, grammar: Grammar | str, limits: GrammarLimits = DEFAULT_LIMITS
+    ) -> Constraint:
+        """One generation's matcher of `grammar` (a Grammar, checked: `check`; or llguidance's
+        grammar text as it is)."""
+        if isinstance(grammar, Grammar):
+            return Constraint(self, self.check(grammar, limits))
+        llg = _llguidance()
+        return Constraint(
+            self, llg.LLMatcher(self.native, grammar, log_level=0, limits=limits.native())
+        )
 
 
 class Constraint:
     """One generation's grammar state (module docstring: admit, mask, commit), and the walk a
     model drafter takes through it while proposing (draft_allowed, draft_push, draft_end)."""
 
-    def __init__(self, tokenizer: GrammarTokenizer, grammar: str) -> None:
-        llg = _llguidance()
+    def __init__(self, tokenizer: GrammarTokenizer, matcher: Any) -> None:
+        """matcher: a fresh llguidance LLMatcher of the grammar (GrammarTokenizer.constraint)."""
         self.vocab_size = tokenizer.vocab_size
         self.eos = set(tokenizer.eos_token_ids)
-        self.matcher = llg.LLMatcher(tokenizer.native, grammar, log_level=0)
+        self.matcher = matcher
         if self.matcher.is_error():
-            raise InputError(f"invalid grammar: {self.matcher.get_error()}")
+            raise refusal(self.matcher.get_error())
+        self.consumed = 0  # tokens committed
         self._bits = np.zeros((self.vocab_size + 31) // 32, dtype=np.int32)
         # masks computed since the last commit, by the tokens after it: the draft's walk and
         # the verify pass ask for the same positions
@@ -216,8 +306,8 @@ class Constraint:
         if found is None:
             v = self._bits
             self.matcher.unsafe_compute_mask_ptr(v.ctypes.data, v.size * v.itemsize)
-            if self.matcher.is_error():
-                raise RuntimeError(f"grammar matcher failed: {self.matcher.get_error()}")
+            if self.matcher.is_error():  # a limit no check foresaw: the generation ends here
+                raise refusal(self.matcher.get_error(), self.consumed)
             # little-endian bits within each int32 word
             found = np.unpackbits(v.view(np.uint8), bitorder="little")[: self.vocab_size]
             found = found.astype(bool)
@@ -226,8 +316,13 @@ class Constraint:
 
     # -- a model drafter's walk (DraftChain): propose only what the grammar allows ---------
     def draft_allowed(self) -> np.ndarray:
-        """[vocab] bool: what may follow the committed tokens and the pushed draft tokens."""
-        return self._allowed_now(tuple(self._walked))
+        """[vocab] bool: what may follow the committed tokens and the pushed draft tokens
+        (nothing once the matcher failed: the draft proposes no further, and verification
+        meets the failure)."""
+        try:
+            return self._allowed_now(tuple(self._walked))
+        except GrammarError:
+            return np.zeros(self.vocab_size, dtype=bool)
 
     def draft_push(self, token: int) -> bool:
         """Walk past a drafted token; False (nothing walked) when the matcher refuses it."""
@@ -284,9 +379,14 @@ class Constraint:
             if token in self.eos and self.matcher.is_accepting():
                 return  # the end: the generation stops here, the matcher takes no more
             if not self.matcher.consume_token(token):
-                # only when llguidance's mask and matcher disagree (lark_literal's case)
-                raise InputError(
+                error = self.matcher.get_error()
+                limit = over_limit(error, self.consumed)
+                if limit is not None:  # a limit met while walking past the token
+                    raise limit
+                # else only when llguidance's mask and matcher disagree (lark_literal's case)
+                raise GrammarError(
                     f"the grammar allowed token {token} and then refused it: "
-                    f"{self.matcher.get_error().splitlines()[0]}",
+                    f"{error.splitlines()[0]}",
                     f"write markup that is a special token of this tokenizer as <[{token}]>",
                 )
+            self.consumed += 1

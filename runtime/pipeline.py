@@ -33,6 +33,7 @@ from specx.runtime.decode.stats import Stats
 from specx.runtime.drafters import registry
 from specx.runtime.drafters.base import Drafter
 from specx.runtime.errors import ArtifactError, InputError, concerning
+from specx.runtime.grammar_limits import DEFAULT_LIMITS, GrammarLimits
 from specx.runtime.kv_cache import KVCache
 from specx.runtime.result import Generation, GenerationResult
 from specx.runtime.settings import AUTO, DEFAULT_K, MAX_K, GenerationSettings
@@ -80,6 +81,8 @@ class Pipeline:
         self._scheduler: BatchScheduler | None = None
         self.batch_pass_costs = WidthPlanner()  # what batched passes cost, measured as they run
         self._grammar_tokenizer: GrammarTokenizer | None = None
+        # what a grammar may cost the matcher (grammar_limits.py); a server may raise them
+        self.grammar_limits: GrammarLimits = DEFAULT_LIMITS
 
     @classmethod
     def load(
@@ -233,7 +236,7 @@ class Pipeline:
         """A fresh matcher of `grammar` over this artifact's tokenizer (InputError if the grammar
         is invalid)."""
         with concerning("grammar"):
-            return self.grammar_tokenizer().constraint(grammar)
+            return self.grammar_tokenizer().constraint(grammar, self.grammar_limits)
 
     def token_bytes(self, ids: Sequence[int]) -> dict[int, bytes]:
         """Each token's own bytes (a byte-level token may hold part of a character)."""

@@ -17,10 +17,13 @@ MODEL = "tiny"
 
 
 @contextmanager
-def serving(artifact: Any, **config: Any) -> Iterator[tuple[str, Any, Pipeline]]:
+def serving(artifact: Any, batch: int = 0, **config: Any) -> Iterator[tuple[str, Any, Pipeline]]:
+    """batch: rows of a shared batch (Pipeline.enable_batching; 0: each request alone)."""
     import uvicorn
 
     pipeline = Pipeline.load(artifact)
+    if batch:
+        pipeline.enable_batching(max_batch=batch, context=96)
     app = Server(pipeline, ServeConfig(model_name=MODEL, **config)).app()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -41,6 +44,8 @@ def serving(artifact: Any, **config: Any) -> Iterator[tuple[str, Any, Pipeline]]
         thread.join(timeout=30)
         assert not thread.is_alive(), "the server did not stop"
         sock.close()
+        if batch:
+            pipeline.disable_batching()
 
 
 def client(base: str) -> Any:

@@ -244,6 +244,8 @@ def run(
         click.echo(result.stats.summary(), err=True)
     if interrupted:
         sys.exit(130)
+    if result.stats.stop_reason == "grammar":  # the matcher gave up midway: not the asked text
+        raise InputError(result.stats.stop_detail)
 
 
 @main.command()

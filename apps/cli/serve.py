@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -13,6 +14,51 @@ from specx.apps.cli.common import (
     threads_option,
     user_errors,
 )
+
+# `specx serve --grammar-*` -> (GrammarLimits field, what it bounds); defaults: GrammarLimits'
+GRAMMAR_FLAGS = {
+    "--grammar-row-items": ("max_items_in_row", "Earley items in one parser row (alternatives)"),
+    "--grammar-step-items": ("step_max_items", "Earley items one token's mask may create"),
+    "--grammar-lexer-fuel": (
+        "initial_lexer_fuel",
+        "lexer work to build a grammar (per token: 1/5)",
+    ),
+    "--grammar-size": ("max_grammar_size", "symbols in a grammar's productions"),
+    "--grammar-bytes": ("max_source_bytes", "bytes of a schema's or grammar's text"),
+}
+
+
+def grammar_options(func: Any) -> Any:
+    """The flags that bound what a request's grammar may cost (docs/structured-output.md)."""
+    from specx.runtime.grammar_limits import DEFAULT_LIMITS
+
+    for flag, (field, what) in reversed(GRAMMAR_FLAGS.items()):
+        default = getattr(DEFAULT_LIMITS, field)
+        func = click.option(flag, type=int, default=default, show_default=True, help=what)(func)
+    return click.option(
+        "--grammar-timeout",
+        type=float,
+        default=10.0,
+        show_default=True,
+        help="Seconds a request's grammar may take to compile and check; past: 400.",
+    )(func)
+
+
+def grammar_config(options: dict[str, Any]) -> dict[str, Any]:
+    """ServeConfig's grammar fields from the --grammar-* flags."""
+    import dataclasses
+
+    from specx.runtime.errors import InputError
+    from specx.runtime.grammar_limits import DEFAULT_LIMITS
+
+    values = {f: options[flag[2:].replace("-", "_")] for flag, (f, _) in GRAMMAR_FLAGS.items()}
+    fuel = values["initial_lexer_fuel"]
+    values.update(step_lexer_fuel=max(1, fuel // 5), max_lexer_states=max(1, fuel // 4))
+    timeout = options["grammar_timeout"]
+    if not timeout > 0:
+        raise InputError(f"--grammar-timeout must be > 0, got {timeout}")
+    limits = dataclasses.replace(DEFAULT_LIMITS, **values)
+    return {"grammar_limits": limits, "grammar_timeout_s": timeout}
 
 
 @click.command()
@@ -62,6 +108,7 @@ from specx.apps.cli.common import (
     default=None,
     help="Read API keys from a file, one a line (keeps them out of the process list).",
 )
+@grammar_options
 @provider_option
 @threads_option
 @debug_option
@@ -81,6 +128,7 @@ def serve(
     providers: tuple[str, ...],
     threads: int | None,
     debug: bool,
+    **grammar: Any,
 ) -> None:
     """Serve ARTIFACT over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /metrics)."""
@@ -111,6 +159,7 @@ def serve(
             "a row)",
         )
     keys = read_keys(api_keys, api_key_file)  # before loading: a bad key file fails fast
+    grammars = grammar_config(grammar)
     thread_pool(threads)
     pipeline = Pipeline.load(artifact, providers=providers or None, threads=threads)
     if batch:
@@ -121,6 +170,7 @@ def serve(
         max_queue=max_queue,
         request_timeout_s=request_timeout_s,
         api_keys=keys,
+        **grammars,
     )
     app = Server(pipeline, config).app()
     guarded = f" ({len(keys)} API key{'s' if len(keys) > 1 else ''} required)" if keys else ""

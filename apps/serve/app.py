@@ -29,6 +29,7 @@ from starlette.routing import Route
 from specx.apps.serve.auth import ApiKeyGuard, ASGIApp
 from specx.apps.serve.engine import Busy, Delta, Done, Engine, Job, ShuttingDown
 from specx.apps.serve.errors import param_of
+from specx.apps.serve.grammars import GrammarGate
 from specx.apps.serve.metrics import Metrics
 from specx.apps.serve.protocol import (
     Request,
@@ -47,6 +48,7 @@ from specx.apps.serve.structured import (
     template_messages,
 )
 from specx.runtime import GenerationSettings, InputError, Pipeline, SpecxError, TokenLogprob
+from specx.runtime.grammar_limits import DEFAULT_LIMITS, GrammarLimits
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,10 @@ class ServeConfig:
     shutdown_grace_s: float = 10.0  # on SIGTERM, streams may finish for this long, then stop
     max_body_bytes: int = 4 * 2**20
     api_keys: tuple[str, ...] = ()  # when set, /v1/* needs `Authorization: Bearer <one of them>`
+    # what a request's grammar may cost the matcher, and how long its check may take (grammars.py)
+    grammar_limits: GrammarLimits = DEFAULT_LIMITS
+    grammar_timeout_s: float = 10.0
+    grammar_workers: int = 2  # threads that check grammars, apart from the generations'
 
 
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
@@ -106,6 +112,8 @@ class Server:
         self.engine = Engine(
             pipeline, config.max_concurrency, config.max_queue, self.metrics.finished
         )
+        pipeline.grammar_limits = config.grammar_limits
+        self.grammars = GrammarGate(pipeline, config.grammar_timeout_s, config.grammar_workers)
 
     # -- endpoints --------------------------------------------------------------------------
     async def models(self, request: HttpRequest) -> Response:
@@ -169,12 +177,9 @@ class Server:
                     done = item
             assert done is not None
             text = done.text
-            if job.timed_out:
-                raise RequestError(
-                    f"the request exceeded its time limit of {self.config.request_timeout_s:g} s",
-                    status=504,
-                    kind="timeout",
-                )
+            failure = self._failure(request, job, done)
+            if failure is not None:
+                raise failure
             stats = done.result.stats
             self.metrics.requests.labels(endpoint, 200).inc()
             counts = usage(stats.prompt_tokens, stats.new_tokens, stats.reused_prompt_tokens)
@@ -208,6 +213,8 @@ class Server:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise RequestError(f"the request body is not valid JSON: {e}") from e
+        except RecursionError as e:
+            raise RequestError("the request body is nested too deeply to read") from e
         request = parse_request(body, chat)
         model = body.get("model")
         if model is not None and model != self.config.model_name:
@@ -236,10 +243,10 @@ class Server:
             if not request.max_tokens_given:  # up to the end of the context
                 room = self.pipeline.manifest.max_length - len(prompt) + 1
                 settings = GenerationSettings.of(settings, max_new_tokens=max(1, room))
-            self.pipeline.validate(settings)
         except InputError as e:
             message = e.message + (f" ({e.hint})" if e.hint else "")
             raise RequestError(message, param_of(e, chat, request.tools is not None)) from e
+        await self.grammars.check(settings, chat, request.tools)
         deadline = time.monotonic() + self.config.request_timeout_s
         return request, Job(prompt, settings, request.stop, deadline)
 
@@ -269,7 +276,8 @@ class Server:
                 else:
                     stats = item.result.stats
                     reason = finish_reason(item.reason)
-                    if held and not job.timed_out:
+                    failure = self._failure(request, job, item)
+                    if held and failure is None:
                         assert request.tools is not None
                         content, calls = read_tool_calls(item.text, request.tools)
                         entries = item.result.logprobs
@@ -288,14 +296,8 @@ class Server:
                             )
                         )
                         opened, reason = True, "tool_calls" if calls else reason
-                    if job.timed_out:
-                        error = RequestError(
-                            "the request exceeded its time limit of "
-                            f"{self.config.request_timeout_s:g} s",
-                            status=504,
-                            kind="timeout",
-                        )
-                        yield json.dumps(error.body())
+                    if failure is not None:  # OpenAI's error object as the last event
+                        yield json.dumps(failure.body())
                     else:
                         yield json.dumps(chunk(request, model, None, reason, first=not opened))
                     if request.include_usage:
@@ -310,6 +312,23 @@ class Server:
                 item = await anext(events)
         finally:
             await events.aclose()  # a client that went away: the generation stops
+
+    def _failure(self, request: Request, job: Job, done: Done) -> RequestError | None:
+        """The error a generation that ended early answers with: past its time limit, or its
+        grammar's matcher gave up on a state no check before generation reached (the text so
+        far is not what the grammar asked for)."""
+        if job.timed_out:
+            return RequestError(
+                f"the request exceeded its time limit of {self.config.request_timeout_s:g} s",
+                status=504,
+                kind="timeout",
+            )
+        if done.reason == "grammar":
+            forced = request.tools is not None and request.tools.forced
+            return RequestError(
+                done.result.stats.stop_detail, "tools" if forced else "response_format"
+            )
+        return None
 
     # -- logprobs ---------------------------------------------------------------------------
     def _fit(self, entries: list[TokenLogprob], text: str) -> list[TokenLogprob]:
@@ -346,6 +365,7 @@ class Server:
         async def lifespan(_app: Starlette) -> AsyncIterator[None]:
             yield
             self.engine.shutdown(cancel=True)
+            self.grammars.shutdown()
 
         async def on_error(request: HttpRequest, exc: Exception) -> Response:
             error = refusal(exc, self.config) or RequestError(

@@ -36,6 +36,7 @@ from specx.runtime.drafters.base import (
     SharedPassDrafter,
     is_lookup,
 )
+from specx.runtime.grammar_limits import GrammarError
 from specx.runtime.settings import GenerationSettings
 from specx.runtime.verification.logprobs import TokenLogprob, score
 from specx.runtime.verification.sampling import PositionNoise
@@ -179,17 +180,20 @@ class Sequence:
         length `committed`; features [>= n + 1, F]: that pass's features where the target
         returns them."""
         proposal = self.proposal
-        if self.constraint is not None:
-            logits = self.constraint.mask(proposal.tokens, logits)
-        n_accepted, next_token = self.verify(proposal, logits, self.n_context)
+        try:
+            if self.constraint is not None:
+                logits = self.constraint.mask(proposal.tokens, logits)
+            n_accepted, next_token = self.verify(proposal, logits, self.n_context)
+            tokens = np.append(proposal.tokens[:n_accepted], np.int64(next_token))
+            if self.constraint is not None:
+                self.constraint.commit(tokens)
+        except GrammarError as e:
+            return self._end_on_grammar(e, cache, committed)
         cache.truncate(committed + 1 + n_accepted, self.row)  # last committed + accepted drafts
         if self.drafter is not None and self.k > 0:
             self.drafter.commit(n_accepted)
         if features is not None and isinstance(self.drafter, FeatureReader):
             self.drafter.observe_features(committed, features[: 1 + n_accepted])
-        tokens = np.append(proposal.tokens[:n_accepted], np.int64(next_token))
-        if self.constraint is not None:
-            self.constraint.commit(tokens)
         step = StepResult(
             tokens=tokens,
             source=self.source,
@@ -234,6 +238,17 @@ class Sequence:
         elif cached + 1 > self.capacity:
             self.finish("max_length")
         return new
+
+    def _end_on_grammar(self, error: GrammarError, cache: CacheRows, committed: int) -> np.ndarray:
+        """The grammar's matcher failed at this step (a limit no check before generation could
+        foresee): the step commits nothing, and the sequence ends with the text it has and the
+        error's message (stats.stop_detail) for its caller."""
+        cache.truncate(committed, self.row)
+        if self.drafter is not None and self.k > 0:
+            self.drafter.commit(0)
+        self.stats.stop_detail = error.message + (f" ({error.hint})" if error.hint else "")
+        self.finish("grammar")
+        return np.zeros(0, dtype=np.int64)
 
     def finish(self, reason: str) -> None:
         """It stops here (the first reason given stands)."""

@@ -29,7 +29,8 @@ class Stats:
     draft_s: float = 0.0  # proposing (draft passes or lookups)
     verify_s: float = 0.0  # target passes
     decode_s: float = 0.0  # wall time of the decode loop (draft + verify + overhead)
-    stop_reason: str = ""  # eos | max_new_tokens | max_length | interrupted
+    stop_reason: str = ""  # eos | max_new_tokens | max_length | interrupted | grammar
+    stop_detail: str = ""  # why, where the reason alone does not say (grammar: the matcher's error)
 
     def observe(self, step: StepResult) -> None:
         """Count one step: its pass, its proposal and acceptance, K, and where its time went."""
@@ -98,6 +99,8 @@ class Stats:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("k_used")
+        if not self.stop_detail:
+            data.pop("stop_detail")
         data.update(
             acceptance_rate=self.acceptance_rate,
             alpha=self.alpha,
