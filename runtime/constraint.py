@@ -82,8 +82,8 @@ class Grammar:
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | str, compact: bool = False) -> Grammar:
-        text = schema if isinstance(schema, str) else json.dumps(schema)
         try:
+            text = schema if isinstance(schema, str) else json.dumps(schema)
             parsed = json.loads(text)
         except RecursionError as e:
             raise InputError(
@@ -140,6 +140,11 @@ class Grammar:
 
     def invalid(self, error: str) -> InputError:
         """The InputError for llguidance's verdict on this grammar."""
+        if "recursion limit exceeded" in error:  # its JSON reader's depth limit
+            return InputError(
+                f"the {self.kind} grammar is nested too deeply for the grammar compiler ({error})",
+                "nest it less deeply: about a hundred levels of objects and arrays at most",
+            )
         return over_limit(error) or InputError(
             f"invalid {self.kind} grammar: {error}", "check it against " + GRAMMAR_KINDS[self.kind]
         )
@@ -169,7 +174,7 @@ class Grammar:
             else:
                 grammar = matcher.grammar_from_lark(self.source)
         except (ValueError, TypeError) as e:  # gbnf_to_lark and the JSON reader raise these
-            raise InputError(f"invalid {self.kind} grammar: {e}") from e
+            raise self.invalid(str(e)) from e
         return str(grammar)
 
 

@@ -237,6 +237,31 @@ def main() -> int:
         case("run", "grammar with an undefined rule", *run, a, "-p", "hi", "--grammar", str(lark))
         case("run", "JSON Schema file not JSON", *run, a, "-p", "hi", "--json-schema", str(schema))
         case("run", "grammar of unknown format", *run, a, "-p", "hi", "--grammar", str(bad))
+        cycle = root / "cycle.json"
+        cycle.write_text(json.dumps({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}))
+        wide = root / "wide.json"
+        members = {f"p{i}": {"type": "integer"} for i in range(600)}
+        wide.write_text(json.dumps({"type": "object", "properties": members}))
+        case(
+            "run",
+            "JSON Schema that allows no text",
+            *run,
+            a,
+            "-p",
+            "hi",
+            "--json-schema",
+            str(cycle),
+        )
+        case(
+            "run",
+            "JSON Schema past a matcher limit",
+            *run,
+            a,
+            "-p",
+            "hi",
+            "--json-schema",
+            str(wide),
+        )
         case("run", "two constraints", *run, a, "-p", "hi", "--json-object", "--grammar", str(lark))
         case("run", "--logprobs without --json", *run, a, "-p", "hi", "--logprobs", "2")
         case(

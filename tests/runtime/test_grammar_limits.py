@@ -85,3 +85,17 @@ def test_a_limit_met_during_generation_ends_it_with_the_text_so_far_and_the_reas
     pipe.grammar_limits = GrammarLimits()
     with pytest.raises(GrammarLimitError, match="before generation"):
         pipe.generate("The cat is", max_new_tokens=24, grammar=Grammar.json_schema(wide()))
+
+
+def test_a_schema_nested_past_the_compilers_depth_is_refused_as_too_deep(
+    llama_pair: TinyPair,
+) -> None:
+    pipe = Pipeline.load(llama_pair.artifact)
+    schema: dict[str, Any] = {"type": "integer"}
+    for _ in range(200):
+        schema = {"type": "array", "items": schema}
+    with pytest.raises(InputError, match="nested too deeply"):
+        pipe.constraint(Grammar.json_schema(schema))
+    deeper = '{"items": ' * 5000 + "{}" + "}" * 5000  # past Python's JSON reader too
+    with pytest.raises(InputError, match="nested too deeply"):
+        pipe.constraint(Grammar.json_schema(deeper))
