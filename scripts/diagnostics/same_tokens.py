@@ -9,7 +9,11 @@
 
 Greedy and seeded output must agree everywhere; pass counts must agree wherever K is fixed
 (`-k auto` chooses K from measured times, so its passes may move with the machine while its tokens
-may not). Exit 1 when anything differs.
+may not). One exception: on an artifact whose verify passes are not bit-identical to one-token
+passes (int4/int8 graphs on ONNX Runtime's kernels: the record shows it when a prompt's fixed-K
+greedy runs disagree with the target alone), greedy output follows the pass widths, and so a
+`-k auto` run's tokens may move with the machine too; such a difference is reported as a note,
+not counted. Exit 1 when anything differs.
 """
 
 from __future__ import annotations
@@ -97,8 +101,23 @@ def _records(path: Path) -> dict[tuple[Any, ...], dict[str, Any]]:
     return {(r["workload"], r["config"], r["repeat"], r["prompt"]): r for r in rows}
 
 
+def _width_dependent(records: dict[tuple[Any, ...], dict[str, Any]]) -> set[tuple[str, int]]:
+    """(workload, prompt) whose greedy fixed-K runs did not all give the target alone's tokens:
+    there the passes are not bit-identical across widths."""
+    target = {(k[0], k[3]): r["token_digest"] for k, r in records.items() if k[1] == "target"}
+    return {
+        (k[0], k[3])
+        for k, r in records.items()
+        if " K=" in k[1]
+        and "auto" not in k[1]
+        and " T=" not in k[1]
+        and r["token_digest"] != target.get((k[0], k[3]), r["token_digest"])
+    }
+
+
 def compare(before: Path, after: Path) -> int:
     a, b = _records(before), _records(after)
+    width_dependent = _width_dependent(a) | _width_dependent(b)
     differ = 0
     for key in sorted(set(a) | set(b), key=str):
         if key not in a or key not in b:
@@ -108,6 +127,9 @@ def compare(before: Path, after: Path) -> int:
         x, y = a[key], b[key]
         fixed_k = "auto" not in str(key[1])
         if x.get("token_digest") != y.get("token_digest"):
+            if not fixed_k and (key[0], key[3]) in width_dependent:
+                print(f"note: tokens differ: {key} (-k auto on passes that differ by width)")
+                continue
             print(f"tokens differ: {key}")
             differ += 1
         elif fixed_k and x.get("target_passes") != y.get("target_passes"):
