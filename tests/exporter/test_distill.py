@@ -66,7 +66,7 @@ def test_distill_writes_a_speculators_eagle3_head_and_a_held_out_report(
     # before the time budget): at its floor, a tenth of the peak
     import torch
 
-    from specx.exporter.heads.distill.run import CHECKPOINT_FILE
+    from specx.exporter.heads.distill.trainer import CHECKPOINT_FILE
 
     saved = torch.load(head / CHECKPOINT_FILE, weights_only=False)
     last_lr = saved["optimizer"]["param_groups"][0]["lr"]
@@ -107,7 +107,8 @@ def test_distill_resumes_from_its_checkpoint_without_generating_again(
 ) -> None:
     import shutil
 
-    from specx.exporter.heads.distill.run import CHECKPOINT_FILE, DATA_FILE, distill
+    from specx.exporter.heads.distill.run import DATA_FILE, distill
+    from specx.exporter.heads.distill.trainer import CHECKPOINT_FILE
 
     head = tmp_path / "head"
     shutil.copytree(distilled["head"], head)
