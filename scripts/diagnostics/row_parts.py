@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -167,7 +168,9 @@ def origins(
     return found
 
 
-def load(artifact: Path, name: str, threads: int) -> tuple[Graph, Graph, list[str], Any, list[int]]:
+def load(
+    artifact: Path, name: str, threads: int
+) -> tuple[Graph, Graph, list[str], Any, Callable[[str], Any]]:
     """The graph as exported and tapped, the tapped names and producers, a tokenizer's encode."""
     from tokenizers import Tokenizer
 
@@ -177,15 +180,15 @@ def load(artifact: Path, name: str, threads: int) -> tuple[Graph, Graph, list[st
     if record is None:
         raise SystemExit(f"row_parts: no graph {name!r} (have {[r['name'] for r in records]})")
     path = artifact / record["graph"]
-    plain = Graph(ort.InferenceSession(str(path), options(threads)), record)
+    untouched = Graph(ort.InferenceSession(str(path), options(threads)), record)
     model, names, producer = tapped(onnx.load(str(path), load_external_data=False))
     taps = Graph(ort.InferenceSession(model, options(threads, path.parent)), record)
     tokenizer = Tokenizer.from_file(str(artifact / manifest["tokenizer"]))
-    return plain, taps, names, producer, tokenizer.encode
+    return untouched, taps, names, producer, tokenizer.encode
 
 
 def one_pass(
-    plain: Graph,
+    untouched: Graph,
     taps: Graph,
     names: list[str],
     producer: Any,
@@ -194,18 +197,19 @@ def one_pass(
     start: int,
     k: int,
 ) -> dict[str, Any]:
-    """Fills `tokens` with the graph's greedy continuation, compares A and B at `start`."""
+    """Fills `tokens` with the graph's greedy continuation, compares A and B at `start`; leaves in
+    `caches` what the verify passes wrote (the step's tokens enter them as in speculation)."""
     one_logits, c = [], caches[0]
     for j in range(k + 1):
-        values, c = plain.run([tokens[j]], start + j, c)
+        values, c = untouched.run([tokens[j]], start + j, c)
         one_logits.append(values["logits"][0, 0])
         tokens.append(int(values["logits"][0, 0].argmax()))
-    verify, _ = plain.run(tokens[: k + 1], start, caches[0])
+    verify, caches[0] = untouched.run(tokens[: k + 1], start, caches[0])
     a_passes, c = [], caches[1]
     for j in range(k + 1):
         out, c = taps.run([tokens[j]], start + j, c, names)
         a_passes.append(out)
-    b, _ = taps.run(tokens[: k + 1], start, caches[1], names)
+    b, caches[1] = taps.run(tokens[: k + 1], start, caches[1], names)
     diffs = compare(a_passes, b, names, start)
     found = origins(diffs, producer)
     return {
@@ -228,16 +232,16 @@ def measure(
     threads: int = 2,
 ) -> dict[str, Any]:
     """`starts` verify passes one after another along the graph's own greedy text."""
-    plain, taps, names, producer, encode = load(artifact, name, threads)
+    untouched, taps, names, producer, encode = load(artifact, name, threads)
     ids = encode(prompt).ids
     report: dict[str, Any] = {"graph": name, "k": k, "passes": []}
     by_op: Counter[str] = Counter()
-    values, cache_plain = plain.run(ids, 0, plain.empty())
-    _, cache_taps = taps.run(ids, 0, taps.empty())
+    values, cache = untouched.run(ids, 0, untouched.empty())
+    caches = [cache, taps.run(ids, 0, taps.empty())[1]]
     start, token = len(ids), int(values["logits"][0, -1].argmax())
     for _ in range(starts):
         tokens = [token]
-        result = one_pass(plain, taps, names, producer, [cache_plain, cache_taps], tokens, start, k)
+        result = one_pass(untouched, taps, names, producer, caches, tokens, start, k)
         report["passes"].append(result)
         by_op.update(o["op"] for o in result["origins"])
         shown = ", ".join(f"{o['op']} {o['tensor']}" for o in result["origins"][:6])
@@ -247,9 +251,6 @@ def measure(
             f"{result['tensors']} tensors part; origins: {shown or 'none'}"
             f"{' ...' if len(result['origins']) > 6 else ''}"
         )
-        # the step's tokens enter both caches through a verify pass, as in speculation
-        _, cache_plain = plain.run(tokens[: k + 1], start, cache_plain)
-        _, cache_taps = taps.run(tokens[: k + 1], start, cache_taps)
         start, token = start + k + 1, tokens[k + 1]
     report["origins_by_op"] = dict(by_op.most_common())
     print("origins by op:", ", ".join(f"{op} {n}" for op, n in by_op.most_common()) or "none")
