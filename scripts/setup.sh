@@ -3,6 +3,9 @@
 # the runtime, the exporter (torch CPU 2.13.0, transformers, onnx, gguf, accelerate), the server
 # (starlette, uvicorn) and the test tools. Safe to run again: pip skips what is already installed.
 #   SPECX_VENV=path   use another environment (default: .venv at the repository root)
+#   SPECX_REQUIRE_KERNELS=1   fail where the specx kernels library cannot be built (the test
+#                     command sets it); otherwise specx installs without it and runs ONNX
+#                     Runtime's own kernels (artifacts exported with --kernels ort)
 #   --gpu             swap onnxruntime for onnxruntime-gpu (CUDA / TensorRT providers). The two
 #                     packages provide the same module and must never be installed together.
 set -euo pipefail
@@ -14,7 +17,16 @@ fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 # torch first, pinned: its CPU wheel lies on disk; an open range could pull a multi-GB CUDA build.
 "${PIP[@]}" install "torch==2.13.0"
-"${PIP[@]}" install -e "$ROOT[export,serve,dev]"
+"${PIP[@]}" install -e "$ROOT[export,serve,dev]" cmake ninja
+# The specx kernels (native/): ONNX Runtime custom ops over GGUF blocks.
+if ! "$ROOT/scripts/build_kernels.sh" >/dev/null; then
+  if [ -n "${SPECX_REQUIRE_KERNELS:-}" ]; then
+    echo "the specx kernels library did not build (above: why)" >&2
+    exit 1
+  fi
+  echo "warning: the specx kernels library was not built (above: why); specx runs without it," \
+    "on ONNX Runtime's kernels (--kernels ort)" >&2
+fi
 if [ "${1:-}" = "--gpu" ]; then
   "${PIP[@]}" uninstall -y onnxruntime onnxruntime-gpu
   "${PIP[@]}" install "onnxruntime-gpu>=1.20"

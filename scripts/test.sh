@@ -7,6 +7,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+export SPECX_REQUIRE_KERNELS=1  # the native kernels are part of what is tested
 "$ROOT/scripts/setup.sh"
 VENV="${SPECX_VENV:-$ROOT/.venv}"
 export PATH="$VENV/bin:$PATH"
@@ -39,5 +40,7 @@ echo "== mypy" >&2
 mkdir -p .typecheck/specx
 for d in runtime profiles exporter apps; do ln -sfn "../../$d" ".typecheck/specx/$d"; done
 MYPYPATH=.typecheck mypy -p specx.runtime -p specx.profiles -p specx.exporter -p specx.apps
+echo "== native (sanitizers on)" >&2
+"$ROOT/scripts/build_kernels.sh" --test >/dev/null
 echo "== pytest" >&2
 python -m pytest "$@"

@@ -26,6 +26,12 @@ MIN_ONNXRUNTIME: dict[str, tuple[tuple[int, int], str]] = {
         "the batched graph's TensorScatter (opset 24): 1.23 and older refuse opset 24, 1.24 has "
         "no kernel for it (1.25 not measured; scripts/diagnostics/ort_batched.py)",
     ),
+    "specx:GgufMatMul": (
+        (1, 21),
+        "the specx kernels library is built against ONNX Runtime's API 21 (libonnxruntime-dev "
+        "1.21); older releases refuse to register it",
+    ),
+    "specx:GgufGather": ((1, 21), "the specx kernels library (as GgufMatMul)"),
 }
 OLDEST_MEASURED = (1, 16)  # plain graphs (standard operators only) ran on every release measured
 

@@ -25,6 +25,7 @@ from specx.runtime.artifact.requirements import min_onnxruntime, release
 from specx.runtime.backends.base import DEFAULT_CHUNK, GraphSession
 from specx.runtime.backends.providers import GPU_PROVIDERS, check_threads, resolve_providers
 from specx.runtime.errors import ArtifactError, InputError, ProviderError
+from specx.runtime.kernels import library as kernels
 from specx.runtime.kv_cache import NP_DTYPES, BatchKVCache, KVCache
 from specx.runtime.memory import HOST, DeviceMemory
 
@@ -78,12 +79,17 @@ def _configure_threads(options: ort.SessionOptions, threads: int | None, alterna
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
 
 
-def session_options(threads: int | None, alternating: bool) -> ort.SessionOptions:
-    """The options every specx session runs with (the export's parity check uses them too)."""
+def session_options(
+    threads: int | None, alternating: bool, operators: Sequence[str] = (), graph: str = "the graph"
+) -> ort.SessionOptions:
+    """The options every specx session runs with (the export's parity check uses them too);
+    `operators`: the graph's "domain:OpType" list, which says whether the specx kernels library
+    must be registered (refused with advice where it is not built)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
     _configure_threads(options, threads, alternating)
+    kernels.register(options, operators, graph)
     return options
 
 
@@ -217,9 +223,8 @@ class OrtSession(GraphSession):
         self.providers = resolve_providers(providers)
         on_gpu = self.providers[0] in GPU_PROVIDERS
         _check_runnable(graph_path, spec, on_gpu)
-        self.session = _load(
-            graph_path, self.providers, session_options(threads, alternating), provider_options
-        )
+        options = session_options(threads, alternating, spec.operators, graph_path.name)
+        self.session = _load(graph_path, self.providers, options, provider_options)
         self._check_io()
         self._check_capacity()
         self.memory: DeviceMemory = OrtDeviceMemory("cuda") if on_gpu else HOST

@@ -1,0 +1,152 @@
+// The kernels' own tests (run by ctest, also under ASan + UBSan): each instruction set against
+// the scalar reference bit for bit, every row count 1..17 against the 17-row pass, the product
+// against a double-precision sum over the dequantized weights, and a changed byte caught.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <initializer_list>
+#include <random>
+#include <vector>
+
+#include "matmul.h"
+#include "specx_kernels.h"
+
+namespace {
+
+int failures = 0;
+
+void expect(bool ok, const char* what, const char* format) {
+  if (!ok) {
+    std::printf("FAIL %s: %s\n", format, what);
+    ++failures;
+  }
+}
+
+uint16_t half_bits(float value) {  // a small positive or negative half, exactly representable
+  const int exponent = value < 0.01f ? 8 : 10;  // 2^-7 or 2^-5 range
+  std::mt19937 pick(static_cast<unsigned>(value * 1e6f));
+  return static_cast<uint16_t>((exponent << 10) | (pick() & 0x3ff) | (value < 0 ? 0x8000 : 0));
+}
+
+// Random blocks whose fp16 fields hold small finite scales, so products stay finite.
+std::vector<uint8_t> random_blocks(const specx::BlockFormat& f, int64_t n, int64_t k,
+                                   std::mt19937& rng) {
+  const int64_t blocks = n * (k / f.elements);
+  std::vector<uint8_t> data(static_cast<size_t>(blocks * f.bytes));
+  for (auto& byte : data) byte = static_cast<uint8_t>(rng());
+  std::vector<int> halves;  // byte offsets of fp16 fields
+  switch (f.type) {
+    case specx::kQ4_1: case specx::kQ5_1: case specx::kQ4_K: case specx::kQ5_K:
+      halves = {0, 2};
+      break;
+    case specx::kQ6_K:
+      halves = {208};
+      break;
+    default:
+      halves = {0};
+  }
+  std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int offset : halves) {
+      const uint16_t h = half_bits(scale(rng));
+      data[b * f.bytes + offset] = static_cast<uint8_t>(h & 0xff);
+      data[b * f.bytes + offset + 1] = static_cast<uint8_t>(h >> 8);
+    }
+  }
+  return data;
+}
+
+std::vector<float> matmul(const char* isa, const specx::BlockFormat& f,
+                          const std::vector<uint8_t>& w, int64_t n, int64_t k,
+                          const std::vector<float>& x, int64_t m) {
+  std::vector<float> y(static_cast<size_t>(m * n), -1.0f);
+  char message[256];
+  if (specx_kernels_matmul(isa, f.type, w.data(), n, k, x.data(), m, y.data(), message,
+                           sizeof message) != SPECX_KERNELS_OK) {
+    std::printf("FAIL %s: %s\n", f.name, message);
+    ++failures;
+  }
+  return y;
+}
+
+void test_format(int type, std::mt19937& rng) {
+  const specx::BlockFormat& f = *specx::find_format(type);
+  const int64_t n = 7, k = 512, m = 17;
+  const std::vector<uint8_t> w = random_blocks(f, n, k, rng);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (auto& v : x) v = normal(rng);
+  const std::vector<float> reference = matmul("scalar", f, w, n, k, x, m);
+
+  // every instruction set and every row count: the scalar 17-row pass's rows, bit for bit
+  for (const char* isa : {"scalar", "avx2", "avx512vnni", "neon"}) {
+    if (!specx_kernels_isa_supported(isa)) continue;
+    for (int64_t rows = 1; rows <= m; ++rows) {
+      const std::vector<float> y = matmul(isa, f, w, n, k, x, rows);
+      const bool same = std::memcmp(y.data(), reference.data(), y.size() * sizeof(float)) == 0;
+      if (!same) {
+        std::printf("FAIL %s: %s with %lld rows parts from the scalar reference\n", f.name, isa,
+                    static_cast<long long>(rows));
+        ++failures;
+        break;
+      }
+    }
+  }
+
+  // the product against a double-precision sum over dequantized weights and the int8 rows
+  std::vector<float> wf(static_cast<size_t>(n * k));
+  char message[256];
+  expect(specx_kernels_dequantize(type, w.data(), n, k, wf.data(), message, sizeof message) == 0,
+         "dequantize", f.name);
+  std::vector<int8_t> q(static_cast<size_t>(m * k));
+  std::vector<float> d(static_cast<size_t>(m * k / 32));
+  std::vector<int32_t> s(d.size());
+  specx::quantize_rows(x.data(), m, k, specx::QuantRows{q.data(), d.data(), s.data()});
+  double worst = 0.0;
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t c = 0; c < n; ++c) {
+      double sum = 0.0, magnitude = 0.0;
+      for (int64_t i = 0; i < k; ++i) {
+        const double term = static_cast<double>(wf[c * k + i]) * d[(r * k + i) / 32] * q[r * k + i];
+        sum += term;
+        magnitude += std::fabs(term);
+      }
+      const double error = std::fabs(sum - reference[r * n + c]) / (magnitude + 1e-30);
+      worst = error > worst ? error : worst;
+    }
+  }
+  expect(worst < 1e-5, "the product strays from the dequantized weights' sum", f.name);
+
+  // negative control: one byte of one block changed changes some output
+  std::vector<uint8_t> changed = w;
+  changed[changed.size() / 2] ^= 0x11;
+  const std::vector<float> other = matmul("scalar", f, changed, n, k, x, m);
+  expect(std::memcmp(other.data(), reference.data(), other.size() * sizeof(float)) != 0,
+         "a changed block byte went unnoticed", f.name);
+}
+
+void test_bad_input() {
+  float x[32] = {}, y[1] = {};
+  uint8_t w[64] = {};
+  char message[256] = {};
+  expect(specx_kernels_matmul(nullptr, 10, w, 1, 32, x, 1, y, message, sizeof message) ==
+             SPECX_KERNELS_UNKNOWN_TYPE && std::strstr(message, "Q4_K") != nullptr,
+         "an unknown type is refused naming the held ones", "Q2_K");
+  expect(specx_kernels_matmul(nullptr, specx::kQ4_0, w, 1, 48, x, 1, y, message, sizeof message) ==
+             SPECX_KERNELS_BAD_ARGUMENT, "k off the block size is refused", "Q4_0");
+  expect(specx_kernels_matmul("mmx", specx::kQ4_0, w, 1, 32, x, 1, y, message, sizeof message) ==
+             SPECX_KERNELS_UNSUPPORTED_ISA, "an unknown instruction set is refused", "Q4_0");
+  expect(specx_kernels_matmul(nullptr, specx::kQ4_0, nullptr, 1, 32, x, 1, y, message,
+                              sizeof message) == SPECX_KERNELS_BAD_ARGUMENT,
+         "a null pointer is refused", "Q4_0");
+}
+
+}  // namespace
+
+int main() {
+  std::mt19937 rng(1234);
+  for (int type : {2, 3, 6, 7, 8, 12, 13, 14}) test_format(type, rng);
+  test_bad_input();
+  std::printf("%s (dispatch: %s)\n", failures ? "FAILED" : "ok", specx_kernels_isa());
+  return failures ? 1 : 0;
+}

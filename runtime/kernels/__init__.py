@@ -1,0 +1,1 @@
+"""specx's own kernels (native/kernels): the custom-op library a graph on GGUF blocks needs."""
