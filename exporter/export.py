@@ -24,6 +24,7 @@ from specx.exporter.heads.feature_head import HeadCheckpoint, read_head
 from specx.exporter.options import (
     ExportOptions,
     resolve_attention,
+    resolve_kernels,
     target_precision,
     validate,
     wide_blocks,
@@ -179,6 +180,12 @@ def _preflight(
     preflight(output, est, log)
 
 
+KERNEL_NAMES = {
+    "specx": "specx kernels (GGUF blocks as stored)",
+    "ort": "ONNX Runtime's MatMulNBits",
+}
+
+
 @dataclass
 class PairGraphs:
     """Exports the pair's model graphs: each traced, checked against its source and timed."""
@@ -189,6 +196,7 @@ class PairGraphs:
     precision: str  # the target's weights
     auto_attention: bool  # the attention was not asked for: int8 compute may pick plain
     log: Log
+    profile: Profile | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
     def export(
@@ -205,9 +213,14 @@ class PairGraphs:
         t0 = time.perf_counter()
         options, precision = self.options, precision or self.precision
         attention = self._attention(src, role, attention or options.attention, precision)
+        gguf = src.weights.gguf
+        types = None if gguf is None else {str(t.tensor_type.name) for t in gguf.tensors.values()}
+        kernels = resolve_kernels(options, self.profile, precision, types)
+        if precision in QUANTIZED:
+            self.log(f"  {role}: {precision} on {KERNEL_NAMES[kernels]}")
         recipe = GraphRecipe(
             role, graph, options.max_length, self.pair_id, options.opset, precision, attention,
-            taps, options.quant_compute, wide_blocks(options, role),
+            taps, options.quant_compute, wide_blocks(options, role), kernels,
         )  # fmt: skip
         spec = export_graph(src, self.folder, recipe, self.log)
         self.timings[f"{graph}_export_s"] = time.perf_counter() - t0
@@ -253,7 +266,7 @@ def _export_into(
     recipe per draft (draft_recipes.py)."""
     t_start = time.perf_counter()
     precision = target_precision(options, profile)
-    graphs = PairGraphs(folder, options, uuid.uuid4().hex, precision, auto_attention, log)
+    graphs = PairGraphs(folder, options, uuid.uuid4().hex, precision, auto_attention, log, profile)
     steps = 1 + len(drafts)
     log(f"[1/{steps}] target: loading {target}")
     tsrc = open_source(target, log)

@@ -6,9 +6,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specx.exporter.checks.parity import CHECK_PART_BYTES
-from specx.exporter.weights.nbits import COMPUTE, PRECISIONS, WIDE_BLOCKS, WIDE_BLOCKS_DEFAULT
+from specx.exporter.weights.gguf_kernels import FLOAT_TYPES, HELD_BITS
+from specx.exporter.weights.nbits import (
+    COMPUTE,
+    PRECISIONS,
+    QUANTIZED,
+    WIDE_BLOCKS,
+    WIDE_BLOCKS_DEFAULT,
+)
 from specx.profiles import Profile
 from specx.runtime.errors import ExportError
+from specx.runtime.kernels import library as kernels_library
+
+KERNELS = ("auto", "specx", "ort")
+GPU_PROVIDERS = ("cuda", "tensorrt")
 
 MIN_OPSET, MAX_OPSET = 14, 20
 
@@ -44,12 +55,48 @@ class ExportOptions:
     # draft's).
     wide_blocks: str | None = None
     draft_wide_blocks: str | None = None
+    # Whose kernels int4/int8 graphs run on (KERNELS): "specx" (native/kernels: GGUF blocks as
+    # stored, each row bit-identical whatever the pass's width), "ort" (MatMulNBits: GPUs,
+    # TensorRT, consumers without the library), "auto" (resolve_kernels).
+    kernels: str = "auto"
 
 
 def wide_blocks(options: ExportOptions, role: str) -> str:
     """What becomes of GGUF blocks wider than the precision in a graph of `role`."""
     chosen = options.wide_blocks if role == "target" else options.draft_wide_blocks
     return chosen or WIDE_BLOCKS_DEFAULT[role]
+
+
+def resolve_kernels(
+    options: ExportOptions, profile: Profile | None, precision: str, gguf_types: set[str] | None
+) -> str:
+    """Whose kernels a graph of `precision` runs on: as asked; "auto" takes specx's where the
+    kernels library is built, the source is a GGUF file (`gguf_types`: its tensors' types, None
+    for other sources) whose every quantized type they hold, activations are int8 and no GPU
+    profile or TensorRT engine asks for ONNX Runtime's own ops."""
+    if precision not in QUANTIZED or options.kernels == "ort":
+        return "ort"
+    built = kernels_library.library_built()
+    if options.kernels == "specx":
+        if not built:
+            raise ExportError(
+                "--kernels specx needs the specx kernels library, which is not built here",
+                "build it with scripts/build_kernels.sh (scripts/setup.sh does), or export with "
+                "--kernels ort",
+            )
+        if options.quant_compute != "int8":
+            raise ExportError(
+                "the specx kernels multiply with int8 activations only",
+                "drop --quant-compute fp32, or export with --kernels ort",
+            )
+        return "specx"
+    on_gpu = options.engines or (
+        profile is not None
+        and (profile.tensorrt.enabled or any(p in GPU_PROVIDERS for p in profile.providers))
+    )
+    held = gguf_types is not None and gguf_types <= {*HELD_BITS, *FLOAT_TYPES}
+    usable = built and held and options.quant_compute == "int8" and not on_gpu
+    return "specx" if usable else "ort"
 
 
 def target_precision(options: ExportOptions, profile: Profile | None) -> str:
@@ -81,6 +128,7 @@ CHOICES = (
     ("--draft-precision", PRECISIONS, PRECISION_FIX),
     ("--wide-blocks", WIDE_BLOCKS, WIDE_BLOCKS_FIX),
     ("--draft-wide-blocks", WIDE_BLOCKS, WIDE_BLOCKS_FIX),
+    ("--kernels", KERNELS, "specx for GGUF blocks as stored on a CPU, ort for GPUs and TensorRT"),
     (
         "--quant-compute",
         tuple(COMPUTE),
@@ -110,6 +158,12 @@ def validate(output: Path, options: ExportOptions) -> None:
         value = getattr(options, flag[2:].replace("-", "_"))
         if value is not None and value not in allowed:
             raise ExportError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}", fix)
+    if options.kernels == "specx" and not kernels_library.library_built():
+        raise ExportError(
+            "--kernels specx needs the specx kernels library, which is not built here",
+            "build it with scripts/build_kernels.sh (scripts/setup.sh does), or export with "
+            "--kernels ort",
+        )
     if output.exists():
         if not output.is_dir():
             raise ExportError(f"{output} exists and is not a folder", "choose another -o path")

@@ -9,6 +9,7 @@ When the format changes, this file and the document change in the same commit.
 
     python reference/consumer.py ARTIFACT --prompt TEXT [-n 64] [--draft NAME] [-k 4]
                                  [--temperature T --top-k K --top-p P --min-p M --seed S]
+                                 [--op-library specx_kernels=PATH]
 
 prints one JSON object: token_ids, text, and the speculative counts (steps, proposed, accepted).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,13 +34,35 @@ HYBRID_MIN_MATCH = 2  # a hybrid uses its lookup when the match continues for at
 NP = {"float32": np.float32, "float16": np.float16}
 
 
+# Where each op library a manifest may name is built (op_libraries: name -> shared library);
+# specx_kernels, the ops of the "specx" domain, is named by SPECX_KERNELS_LIBRARY or --op-library.
+OP_LIBRARIES: dict[str, str] = {}
+
+
+def op_library(record: dict[str, Any]) -> str:
+    """The shared library of a manifest's op_libraries entry, or an error that says what to do."""
+    name = record["name"]
+    path = OP_LIBRARIES.get(name) or (
+        os.environ.get("SPECX_KERNELS_LIBRARY") if name == "specx_kernels" else None
+    )
+    if not path or not Path(path).is_file():
+        raise SystemExit(
+            f"the graph needs the op library {name} {record['version']} (domain "
+            f"{record['domain']}): pass --op-library {name}=PATH to its build"
+        )
+    return path
+
+
 class Model:
     """One graph, its preallocated cache and the cache length n (the only truth)."""
 
     def __init__(self, folder: Path, spec: dict[str, Any], capacity: int) -> None:
         self.spec = spec
+        options = ort.SessionOptions()
+        for library in spec.get("op_libraries", []):  # custom ops the graph needs
+            options.register_custom_ops_library(op_library(library))
         self.session = ort.InferenceSession(
-            str(folder / spec["graph"]), providers=["CPUExecutionProvider"]
+            str(folder / spec["graph"]), options, providers=["CPUExecutionProvider"]
         )
         self.inputs = {i.name for i in self.session.get_inputs()}
         self.gqa = spec.get("attention", "plain") == "gqa"
@@ -287,7 +311,11 @@ def main() -> int:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--min-p", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--op-library", action="append", default=[], help="NAME=PATH of an op library a graph needs"
+    )
     args = parser.parse_args()
+    OP_LIBRARIES.update(item.split("=", 1) for item in args.op_library)
     manifest = json.loads((args.artifact / "manifest.json").read_text())
     tokenizer = Tokenizer.from_file(str(args.artifact / manifest["tokenizer"]))
     prompt = tokenizer.encode(args.prompt).ids  # plain encode: the tokenizer's own post-processor

@@ -96,6 +96,17 @@ def _export_draft_help() -> str:
     help="The same for drafts (default: requantize-all; a draft's weights never change the "
     "output).",
 )
+@click.option(
+    "--kernels",
+    type=click.Choice(["auto", "specx", "ort"]),
+    default="auto",
+    show_default=True,
+    help="Whose kernels int4/int8 graphs run on: specx (specx's own, over the GGUF file's "
+    "blocks as stored; each verify row bit-identical to a one-token pass; needs the kernels "
+    "library: scripts/build_kernels.sh), ort (ONNX Runtime's MatMulNBits: GPUs, TensorRT, "
+    "consumers without the library), auto (specx for a GGUF source on a CPU where the library "
+    "is built, else ort).",
+)
 @debug_option
 @user_errors
 def export_cmd(
@@ -116,6 +127,7 @@ def export_cmd(
     quant_compute: str,
     wide_blocks: str | None,
     draft_wide_blocks: str | None,
+    kernels: str,
     debug: bool,
 ) -> None:
     """Export a TARGET (and drafts) to an ONNX artifact folder, checked against the source."""
@@ -143,6 +155,7 @@ def export_cmd(
         quant_compute=quant_compute,
         wide_blocks=wide_blocks,
         draft_wide_blocks=draft_wide_blocks,
+        kernels=kernels,
     )
     manifest = export_pair(
         target, list(drafts), output, options, log=lambda m: click.echo(m, err=True)

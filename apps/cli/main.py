@@ -7,6 +7,7 @@ this module: export.py, bench.py, serve.py; what they share is in common.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -262,6 +263,7 @@ def info(artifact: Path, as_json: bool, debug: bool) -> None:
 
     m = Manifest.read(artifact)
     facts = artifact_facts(m)
+    facts["kernels"] = _kernels_here(m)
     if as_json:
         click.echo(json.dumps(facts, indent=2))
         return
@@ -290,6 +292,7 @@ def info(artifact: Path, as_json: bool, debug: bool) -> None:
         f"needs    onnxruntime >= {ort_needs['min_version']}; contrib operators: "
         f"{', '.join(ort_needs['contrib_operators']) or 'none'}"
     )
+    click.echo(_kernels_line(facts["kernels"]))
     batched = facts["batched"]
     if batched is not None:
         diff = m.batched.parity.get("batch_max_abs_logit_diff") if m.batched else None
@@ -298,6 +301,40 @@ def info(artifact: Path, as_json: bool, debug: bool) -> None:
             f"needs onnxruntime >= {batched['min_onnxruntime']}"
             + (f"; two-row parity max|dlogit| {diff:.1e}" if isinstance(diff, float) else "")
         )
+
+
+def _kernels_here(m: Any) -> dict[str, Any]:
+    """Which graphs need the specx kernels library, and whether this machine has it built
+    (where it is, its version and the instruction set it dispatches to)."""
+    from specx.runtime.errors import ArtifactError
+    from specx.runtime.kernels import library
+
+    models = [m.target, *m.drafts, *([m.batched] if m.batched is not None else [])]
+    needed = {s.graph: library.uses_kernels(s.operators) for s in models}
+    try:
+        info, problem = library.describe(), None
+    except ArtifactError as e:
+        info, problem = None, str(e)
+    return {
+        "needed_by": sorted(g for g, ops in needed.items() if ops),
+        "ops": sorted({op for ops in needed.values() for op in ops}),
+        "library": dataclasses.asdict(info) if info is not None else None,
+        "problem": problem,
+    }
+
+
+def _kernels_line(k: dict[str, Any]) -> str:
+    lib = k["library"]
+    here = (
+        f"specx kernels {lib['version']} at {lib['path']}, dispatching to {lib['isa']}"
+        if lib
+        else (k["problem"] or "no specx kernels library built here (scripts/build_kernels.sh)")
+    )
+    if not k["needed_by"]:
+        return f"kernels  ONNX Runtime's own; {here}"
+    ops = ", ".join(op.split(":")[1] for op in k["ops"])
+    state = "loaded from" if lib else "NOT AVAILABLE:"
+    return f"kernels  {', '.join(k['needed_by'])} need specx kernels ({ops}); {state} {here}"
 
 
 def _quality(parity: dict[str, Any]) -> str:

@@ -293,9 +293,9 @@ def run_in_parts(
         path = graph_path.parent / f"{PART_PREFIX}-{index}.onnx"
         onnx.save(_part_model(model, part, typed), str(path))
         try:
-            session = ort.InferenceSession(
-                str(path), session_options(None, False), providers=["CPUExecutionProvider"]
-            )
+            kinds = sorted({f"{n.domain or 'ai.onnx'}:{n.op_type}" for n in model.graph.node})
+            options = session_options(None, False, kinds)
+            session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         finally:
             path.unlink()
         read_later = {name for later in parts[index + 1 :] for name in later.inputs}

@@ -30,6 +30,7 @@ from specx.exporter.weights.sources import stand_in
 from specx.runtime.artifact import contract
 from specx.runtime.artifact.contract import ModelSpec
 from specx.runtime.errors import ExportError
+from specx.runtime.kernels import library as kernels_library
 
 # Graphs larger than this keep their weights in a side file (protobuf's 2 GB limit).
 EXTERNAL_DATA_BYTES = 1_800_000_000
@@ -208,6 +209,7 @@ class GraphRecipe:
     taps: tuple[int, ...] = ()
     compute: str = "int8"
     wide: str = "carry"
+    kernels: str = "ort"  # "specx": GgufMatMul over GGUF blocks (weights/gguf_kernels.py)
 
 
 def export_graph(src: SourceModel, folder: Path, recipe: GraphRecipe, log: Log) -> ModelSpec:
@@ -244,7 +246,17 @@ def export_graph(src: SourceModel, folder: Path, recipe: GraphRecipe, log: Log) 
         weight_bytes=nbytes,
         operators=graph_operators(model),
         parity={"weights": quantization} if quantization else {},
+        op_libraries=_op_libraries(recipe),
     )
+
+
+def _op_libraries(recipe: GraphRecipe) -> tuple[dict[str, Any], ...]:
+    """The manifest's record of the custom-op libraries the graph needs."""
+    if recipe.kernels != "specx" or recipe.precision not in QUANTIZED:
+        return ()
+    info = kernels_library.describe()
+    assert info is not None  # resolve_kernels chose specx only where the library is built
+    return (kernels_library.record(info),)
 
 
 def _graph_spec(src: SourceModel, recipe: GraphRecipe, dtype: str, max_length: int) -> ModelSpec:
@@ -392,7 +404,7 @@ def _stream_weights(
             bits = int(precision[3:])
             vocab = model_vocab_size(src)
             report = quantize_graph(
-                model, bits, vocab, weights, embedding, recipe.compute, recipe.wide
+                model, bits, vocab, weights, embedding, recipe.compute, recipe.wide, recipe.kernels
             )
             quantization = report.to_json()
             log(f"  {role}: {precision} weights: {report.summary()}")

@@ -99,6 +99,25 @@ class GgufBlocks:
         self.release()
         return blocks, kind
 
+    def stored_type(self, hf_name: str) -> str | None:
+        """The GGUF type name of the parameter `hf_name` in the file, None where it is not
+        there; reads no blocks."""
+        name = self.gguf_name(hf_name)
+        return None if name is None else str(self.tensors[name].tensor_type.name)
+
+    def raw_blocks(self, hf_name: str, weight: np.ndarray) -> tuple[np.ndarray | None, str]:
+        """The file's blocks of `hf_name` as stored, [N, bytes per row] uint8 with the loader's
+        row order applied, where they provably are `weight` [N, K] (blocks()'s check); else
+        (None, why). A view of the file where no rows move."""
+        blocks, why = self.blocks(hf_name, weight)
+        if blocks is None:
+            return None, why
+        name = self.gguf_name(hf_name)
+        assert name is not None
+        raw = np.asarray(self.tensors[name].data)
+        order = self._row_order(name, raw.shape[0])
+        return (raw if order is None else raw[order]), why
+
     def _row_order(self, name: str, rows: int) -> np.ndarray | None:
         """The row permutation the loader applies to `name` (None: none), found by running the
         loader's own processor on a column of row indices."""

@@ -1,4 +1,5 @@
-"""int4 / int8 graphs: every MatMul on a weight becomes ONNX Runtime's MatMulNBits.
+"""int4 / int8 graphs: every MatMul on a weight becomes ONNX Runtime's MatMulNBits (or, with
+kernels "specx", specx's own GgufMatMul over the file's blocks: gguf_kernels.py).
 
 Applied to the traced graph (weights as inputs), one weight at a time, each read from the source
 as transformers loads it and written out as blocks before the next (graph/weights.py). Each
@@ -37,6 +38,8 @@ import numpy as np
 from specx.exporter.graph.weights import GraphWeights, consumers, linear_transpose
 from specx.exporter.weights.blocks import Blocks, quantize_float
 from specx.exporter.weights.gguf import GgufBlocks
+from specx.exporter.weights.gguf_kernels import SpecxBlocks
+from specx.runtime.kernels.library import DOMAIN
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 QUANTIZED = ("int8", "int4")
@@ -67,6 +70,7 @@ class QuantReport:
     bits: Counter[str] = field(default_factory=Counter)  # "4-bit" / "8-bit" -> weights
     compute: str = "int8"  # a key of COMPUTE
     wide_blocks: str = "carry"  # one of WIDE_BLOCKS
+    kernels: str = "ort"  # "ort": MatMulNBits; "specx": GgufMatMul (gguf_kernels.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +79,7 @@ class QuantReport:
             "tensors_by_bits": dict(sorted(self.bits.items())),
             "compute": self.compute,
             "wide_blocks": self.wide_blocks,
+            "kernels": self.kernels,
         }
 
     def summary(self) -> str:
@@ -104,6 +109,7 @@ class _Rewriter:
         weights: GraphWeights,
         embedding: str | None,
         wide: str,
+        kernels: str = "ort",
     ) -> None:
         self.bits, self.vocab, self.accuracy, self.wide = bits, vocab, accuracy, wide
         self.gguf: GgufBlocks | None = weights.source.gguf
@@ -113,6 +119,7 @@ class _Rewriter:
         self.block_sums: dict[tuple[str, int], str] = {}  # (input, block) -> its block sums
         self.report = QuantReport()
         self.count = 0
+        self.specx = SpecxBlocks(self) if kernels == "specx" else None
 
     def add_init(self, array: np.ndarray, name: str) -> str:
         return self.writer.add(array, name)
@@ -165,6 +172,8 @@ class _Rewriter:
         shift's two MatMuls and Add where the blocks keep minimums)."""
         from onnx import helper
 
+        if self.specx is not None:
+            return self.specx.matmul(node, wt, name)
         self.count += 1
         x = node.input[0]
         blocks = self.blocks_for(wt, name, wt.shape[0] == self.vocab)
@@ -199,6 +208,8 @@ class _Rewriter:
         """Nodes gathering rows of table [V, H] (node's output) as GatherBlockQuantized."""
         from onnx import helper
 
+        if self.specx is not None:
+            return self.specx.gather(node, table)
         blocks = self.blocks_for(table, self.embedding, head=True)
         v, h = blocks.shape
         self.report.bits[f"{blocks.bits}-bit embedding"] += 1
@@ -296,18 +307,22 @@ def quantize_graph(
     embedding: str | None,
     compute: str = "int8",
     wide: str = "carry",
+    kernels: str = "ort",
 ) -> QuantReport:
     """Rewrite `model` (onnx ModelProto traced with its weights as inputs) in place: MatMuls on
     weights become MatMulNBits of `bits` bits (see the module docstring), written as they come;
     embedding: the input embedding's parameter name. Weights come from the source's GGUF blocks
     where it has them (weights.source.gguf); `wide`: what becomes of those wider than `bits`
-    (WIDE_BLOCKS)."""
-    report = _Rewriter(model, bits, vocab, COMPUTE[compute], weights, embedding, wide).run()
+    (WIDE_BLOCKS); `kernels`: "specx" for specx's own ops over the file's blocks
+    (gguf_kernels.py), "ort" for MatMulNBits."""
+    accuracy = COMPUTE[compute]
+    report = _Rewriter(model, bits, vocab, accuracy, weights, embedding, wide, kernels).run()
     # the tracer's intermediate shapes (some stale, e.g. rank 0) would contradict the new
     # Reshapes; ONNX Runtime infers them again
     del model.graph.value_info[:]
-    report.compute, report.wide_blocks = compute, wide
-    if "com.microsoft" not in {o.domain for o in model.opset_import}:
-        entry = model.opset_import.add()
-        entry.domain, entry.version = "com.microsoft", 1
+    report.compute, report.wide_blocks, report.kernels = compute, wide, kernels
+    for domain in ("com.microsoft", DOMAIN) if kernels == "specx" else ("com.microsoft",):
+        if domain not in {o.domain for o in model.opset_import}:
+            entry = model.opset_import.add()
+            entry.domain, entry.version = domain, 1
     return report

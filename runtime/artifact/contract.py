@@ -276,6 +276,9 @@ class ModelSpec:
     operators: tuple[str, ...] = ()  # "domain:OpType" of every node kind; () if not recorded
     feature_layers: tuple[int, ...] = ()  # a target's `features` output taps (): none)
     head: HeadSpec | None = None  # a feature draft's record (None: an ordinary graph)
+    # custom-op libraries the graph needs ({"domain", "name", "version", "abi"}): the specx
+    # kernels (runtime/kernels/library.py) for graphs exported with --kernels specx
+    op_libraries: tuple[dict[str, Any], ...] = ()
 
     @property
     def cache_layout(self) -> tuple[str, ...]:
@@ -302,6 +305,10 @@ class ModelSpec:
             data["head"] = self.head.to_json()
         if not self.feature_layers:
             del data["feature_layers"]
+        if self.op_libraries:
+            data["op_libraries"] = [dict(lib) for lib in self.op_libraries]
+        else:
+            del data["op_libraries"]
         return data
 
     @staticmethod
@@ -338,6 +345,7 @@ class ModelSpec:
             operators=tuple(str(op) for op in data.get("operators", ())),
             feature_layers=tuple(int(t) for t in data.get("feature_layers", ())),
             head=HeadSpec.from_json(data["head"]) if data.get("head") is not None else None,
+            op_libraries=tuple(dict(lib) for lib in data.get("op_libraries", ())),
         )
 
     def expected_inputs(self) -> tuple[TensorSpec, ...]:

@@ -80,7 +80,11 @@ def _configure_threads(options: ort.SessionOptions, threads: int | None, alterna
 
 
 def session_options(
-    threads: int | None, alternating: bool, operators: Sequence[str] = (), graph: str = "the graph"
+    threads: int | None,
+    alternating: bool,
+    operators: Sequence[str] = (),
+    graph: str = "the graph",
+    libraries: Sequence[dict[str, Any]] = (),
 ) -> ort.SessionOptions:
     """The options every specx session runs with (the export's parity check uses them too);
     `operators`: the graph's "domain:OpType" list, which says whether the specx kernels library
@@ -89,7 +93,7 @@ def session_options(
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
     _configure_threads(options, threads, alternating)
-    kernels.register(options, operators, graph)
+    kernels.register(options, operators, graph, libraries)
     return options
 
 
@@ -223,7 +227,9 @@ class OrtSession(GraphSession):
         self.providers = resolve_providers(providers)
         on_gpu = self.providers[0] in GPU_PROVIDERS
         _check_runnable(graph_path, spec, on_gpu)
-        options = session_options(threads, alternating, spec.operators, graph_path.name)
+        options = session_options(
+            threads, alternating, spec.operators, graph_path.name, spec.op_libraries
+        )
         self.session = _load(graph_path, self.providers, options, provider_options)
         self._check_io()
         self._check_capacity()

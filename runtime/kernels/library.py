@@ -23,6 +23,7 @@ from typing import Any
 from specx.runtime.errors import ArtifactError
 
 DOMAIN = "specx"
+NAME = "specx_kernels"
 FILE_NAME = "libspecx_kernels.so"
 ENV = "SPECX_KERNELS_LIBRARY"
 ABI_VERSION = 1
@@ -49,6 +50,12 @@ def library_path() -> Path | None:
         return Path(named)
     built = Path(__file__).resolve().parent / "lib" / FILE_NAME
     return built if built.is_file() else None
+
+
+def library_built() -> bool:
+    """Whether the library to load is there."""
+    path = library_path()
+    return path is not None and path.is_file()
 
 
 def uses_kernels(operators: Iterable[str]) -> list[str]:
@@ -88,12 +95,30 @@ def describe(path: Path | None = None) -> KernelsInfo | None:
     )
 
 
-def register(options: Any, operators: Iterable[str], graph: str = "this graph") -> None:
+def record(info: KernelsInfo) -> dict[str, Any]:
+    """The manifest's entry for a graph on these kernels (ModelSpec.op_libraries)."""
+    return {"domain": DOMAIN, "name": NAME, "version": info.version, "abi": ABI_VERSION}
+
+
+def register(
+    options: Any,
+    operators: Iterable[str],
+    graph: str = "this graph",
+    libraries: Iterable[dict[str, Any]] = (),
+) -> None:
     """Register the library in ONNX Runtime session `options` where `operators` need it; a
-    graph that needs it on a machine without it is refused here, before any session exists."""
+    graph that needs it on a machine without it (or with a build of another ABI than the
+    manifest's `libraries` record) is refused here, before any session exists."""
     needed = uses_kernels(operators)
     if not needed:
         return
+    for lib in libraries:
+        if lib.get("name") == NAME and int(lib.get("abi", ABI_VERSION)) != ABI_VERSION:
+            raise ArtifactError(
+                f"{graph} was exported for specx kernels ABI {lib.get('abi')}; this runtime "
+                f"and its library speak ABI {ABI_VERSION}",
+                "export the artifact again with this version of specx",
+            )
     path = library_path()
     if path is None or not path.is_file():
         where = f" ({ENV}={path})" if path is not None else ""

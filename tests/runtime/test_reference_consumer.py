@@ -29,6 +29,7 @@ ALLOWED = {
     "tokenizers",
     "argparse",
     "json",
+    "os",
     "sys",
     "pathlib",
     "typing",
@@ -115,3 +116,41 @@ def test_the_consumer_runs_standalone_from_the_command_line(llama_pair: TinyPair
         "The cat is", max_new_tokens=12, k=3, drafter="mixed"
     )
     assert got["token_ids"] == want.token_ids and got["text"] == want.text
+
+
+@pytest.fixture(scope="module")
+def specx_kernels_pair(tmp_path_factory: Any) -> Path:
+    """A tiny GGUF pair exported on the specx kernels (op_libraries: specx_kernels)."""
+    pytest.importorskip("gguf")
+    from kernel_tools import kernels_path
+
+    from specx.exporter import ExportOptions, export_pair
+    from tests.gguf_models import write_gguf
+
+    kernels_path()
+    folder = tmp_path_factory.mktemp("specxkernels")
+    target = write_gguf(folder / "t.gguf", "qwen2", seed=0)
+    draft = write_gguf(folder / "d.gguf", "qwen2", seed=0, redraw=("blk.1.ffn_down.weight",))
+    options = ExportOptions(max_length=128, precision="int4", kernels="specx")
+    export_pair(str(target), [str(draft)], folder / "artifact", options, lambda _m: None)
+    return folder / "artifact"
+
+
+@pytest.mark.parametrize(("drafter", "k"), [("none", 0), ("draft", 3), ("ngram+draft", 2)])
+def test_the_reference_consumer_runs_graphs_on_the_specx_kernels_and_reproduces_specx(
+    specx_kernels_pair: Path, drafter: str, k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kernel_tools import kernels_path
+
+    module = consumer()
+    module.OP_LIBRARIES["specx_kernels"] = kernels_path()
+    prompt = [5, 17, 42, 8]
+    want = Pipeline.load(specx_kernels_pair).generate(
+        prompt, max_new_tokens=30, k=k, drafter=drafter
+    )
+    got = module.generate(specx_kernels_pair, prompt, 30, drafter if k else "none", k, None)
+    assert got["token_ids"] == want.token_ids
+    module.OP_LIBRARIES.clear()  # negative control: without the library it says what to pass
+    monkeypatch.delenv("SPECX_KERNELS_LIBRARY", raising=False)
+    with pytest.raises(SystemExit, match="--op-library specx_kernels=PATH"):
+        module.generate(specx_kernels_pair, prompt, 4, "none", 0, None)

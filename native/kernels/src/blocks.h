@@ -78,14 +78,4 @@ inline float read_half(const uint8_t* p) {
   return half_to_float(static_cast<uint16_t>(p[0] | (p[1] << 8)));
 }
 
-// Decoders, one per format (q4_0.cc, q5_0.cc, q8_0.cc, q4_k.cc, q5_k.cc, q6_k.cc).
-void decode_q4_0(const uint8_t* block, Decoded* out);
-void decode_q4_1(const uint8_t* block, Decoded* out);
-void decode_q5_0(const uint8_t* block, Decoded* out);
-void decode_q5_1(const uint8_t* block, Decoded* out);
-void decode_q8_0(const uint8_t* block, Decoded* out);
-void decode_q4_k(const uint8_t* block, Decoded* out);
-void decode_q5_k(const uint8_t* block, Decoded* out);
-void decode_q6_k(const uint8_t* block, Decoded* out);
-
 }  // namespace specx

@@ -1,0 +1,57 @@
+// Q4_K: 256 weights a super-block (144 bytes): fp16 d, fp16 dmin, scales[12], qs[128].
+// Eight groups of 32, group g with 6-bit scale s_g and minimum m_g (kquant_scale_min):
+//   W = (d * s_g) * q - dmin * m_g
+// Groups 2i and 2i + 1 share qs[32 i .. 32 i + 32): low nibbles, then high nibbles.
+// The scalar decoder is the reference; the AVX2 one yields the same codes and scales.
+#pragma once
+
+#include "blocks.h"
+#include "kquant_scales.h"
+#include "simd.h"
+
+namespace specx {
+
+struct Q4_K {
+  static constexpr int kElements = 256, kBytes = 144;
+  static constexpr bool kOffset = true, kSigned = false;
+
+  static void scales_of(const uint8_t* block, float* ws, float* wm) {
+    const float d = read_half(block);
+    const float dmin = read_half(block + 2);
+    for (int g = 0; g < 8; ++g) {
+      int s = 0, m = 0;
+      kquant_scale_min(g, block + 4, &s, &m);
+      ws[g] = d * static_cast<float>(s);
+      wm[g] = -(dmin * static_cast<float>(m));
+    }
+  }
+
+  static void decode(const uint8_t* block, Decoded* out) {
+    float ws[8];
+    scales_of(block, ws, out->wm);
+    const uint8_t* qs = block + 16;
+    for (int g = 0; g < 8; ++g) {
+      out->ws[2 * g] = out->ws[2 * g + 1] = ws[g];
+      const uint8_t* q = qs + 32 * (g / 2);
+      const int shift = (g % 2) * 4;
+      for (int l = 0; l < 32; ++l) out->w[32 * g + l] = static_cast<int8_t>((q[l] >> shift) & 0x0f);
+    }
+  }
+
+#if SPECX_X86_SIMD
+  struct Simd {
+    const uint8_t* qs;
+    float ws[8], wm[8];
+    explicit Simd(const uint8_t* b) : qs(b + 16) { scales_of(b, ws, wm); }
+    __m256i codes(int g) const {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (g / 2)));
+      const __m256i shifted = (g % 2) ? _mm256_srli_epi16(q, 4) : q;
+      return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f));
+    }
+    __m256 scales(int g) const { return _mm256_set1_ps(ws[g]); }
+    float offset(int g) const { return wm[g]; }
+  };
+#endif
+};
+
+}  // namespace specx

@@ -1,0 +1,53 @@
+// Q5_K: 256 weights a super-block (176 bytes): fp16 d, fp16 dmin, scales[12], qh[32], qs[128].
+// As Q4_K with a fifth bit: code l of group g takes bit g of qh[l].
+//   W = (d * s_g) * q - dmin * m_g
+// The scalar decoder is the reference; the AVX2 one yields the same codes and scales.
+#pragma once
+
+#include "blocks.h"
+#include "blocks/q4_k.h"
+#include "simd.h"
+
+namespace specx {
+
+struct Q5_K {
+  static constexpr int kElements = 256, kBytes = 176;
+  static constexpr bool kOffset = true, kSigned = false;
+
+  static void decode(const uint8_t* block, Decoded* out) {
+    float ws[8];
+    Q4_K::scales_of(block, ws, out->wm);
+    const uint8_t* qh = block + 16;
+    const uint8_t* qs = block + 48;
+    for (int g = 0; g < 8; ++g) {
+      out->ws[2 * g] = out->ws[2 * g + 1] = ws[g];
+      const uint8_t* q = qs + 32 * (g / 2);
+      const int shift = (g % 2) * 4;
+      for (int l = 0; l < 32; ++l) {
+        const int high = ((qh[l] >> g) & 1) << 4;
+        out->w[32 * g + l] = static_cast<int8_t>(((q[l] >> shift) & 0x0f) | high);
+      }
+    }
+  }
+
+#if SPECX_X86_SIMD
+  struct Simd {
+    const uint8_t* qh;
+    float ws[8], wm[8];
+    explicit Simd(const uint8_t* b) : qh(b + 16) { Q4_K::scales_of(b, ws, wm); }
+    __m256i codes(int g) const {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 + 32 * (g / 2)));
+      const __m256i shifted = (g % 2) ? _mm256_srli_epi16(q, 4) : q;
+      const __m256i low = _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+      const __m256i mask = _mm256_set1_epi8(static_cast<char>(1 << g));
+      const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(h, mask), mask);
+      return _mm256_or_si256(low, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+    __m256 scales(int g) const { return _mm256_set1_ps(ws[g]); }
+    float offset(int g) const { return wm[g]; }
+  };
+#endif
+};
+
+}  // namespace specx

@@ -1,0 +1,64 @@
+// Q6_K: 256 weights a super-block (210 bytes): ql[128], qh[64], int8 scales[16], fp16 d.
+// Sixteen groups of 16, group g with scale s_g:   W = (d * s_g) * (q - 32)
+// Each half of 128 weights takes 64 bytes of ql (low 4 bits) and 32 of qh (2 high bits each):
+// weight 32 k + l of a half (k = 0..3, l = 0..31) reads ql[l + 32 (k % 2)] (low nibble for
+// k < 2, high for k >= 2) and bits 2k, 2k + 1 of qh[l].
+// The scalar decoder is the reference; the AVX2 one yields the same codes and scales.
+#pragma once
+
+#include "blocks.h"
+#include "simd.h"
+
+namespace specx {
+
+struct Q6_K {
+  static constexpr int kElements = 256, kBytes = 210;
+  static constexpr bool kOffset = false, kSigned = true;
+
+  static void decode(const uint8_t* block, Decoded* out) {
+    const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
+    const float d = read_half(block + 208);
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* l4 = block + 64 * half;
+      const uint8_t* h2 = block + 128 + 32 * half;
+      int8_t* w = out->w + 128 * half;
+      for (int k = 0; k < 4; ++k) {
+        const uint8_t* low = l4 + 32 * (k % 2);
+        const int shift = k < 2 ? 0 : 4;
+        for (int l = 0; l < 32; ++l) {
+          const int q = ((low[l] >> shift) & 0x0f) | (((h2[l] >> (2 * k)) & 3) << 4);
+          w[32 * k + l] = static_cast<int8_t>(q - 32);
+        }
+      }
+    }
+    for (int g = 0; g < 16; ++g) out->ws[g] = d * static_cast<float>(scales[g]);
+    for (int g = 0; g < 8; ++g) out->wm[g] = 0.0f;
+  }
+
+#if SPECX_X86_SIMD
+  struct Simd {
+    const uint8_t* block;
+    float ws[16];
+    explicit Simd(const uint8_t* b) : block(b) {
+      const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+      const float d = read_half(b + 208);
+      for (int g = 0; g < 16; ++g) ws[g] = d * static_cast<float>(scales[g]);
+    }
+    __m256i codes(int c) const {  // chunk c = 4 half + k
+      const int half = c / 4, k = c % 4;
+      const __m256i l = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(block + 64 * half + 32 * (k % 2)));
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * half));
+      const __m256i low = _mm256_and_si256(k < 2 ? l : _mm256_srli_epi16(l, 4), _mm256_set1_epi8(0x0f));
+      const __m256i high = _mm256_and_si256(_mm256_srli_epi16(h, 2 * k), _mm256_set1_epi8(3));
+      return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
+    }
+    __m256 scales(int c) const {
+      return _mm256_setr_m128(_mm_set1_ps(ws[2 * c]), _mm_set1_ps(ws[2 * c + 1]));
+    }
+    float offset(int) const { return 0.0f; }
+  };
+#endif
+};
+
+}  // namespace specx
