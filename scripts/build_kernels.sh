@@ -2,7 +2,9 @@
 # Build the specx kernels library (native/kernels: ONNX Runtime custom ops over GGUF blocks) and
 # place it where the runtime finds it (runtime/kernels/lib/). Prints the library's path.
 #   --test   also build the kernels' own tests with AddressSanitizer and UndefinedBehaviorSanitizer
-#            (leak checking on) and run them with ctest
+#            (leak checking on) and run them with ctest; then cross-compile them for ARM64 (the
+#            NEON path) and run them under qemu-user against the scalar path, where Debian's
+#            g++-aarch64-linux-gnu and qemu-user are installed (scripts/setup_cross.sh)
 # ONNX Runtime's headers: ORT_INCLUDE_DIR, else Debian's libonnxruntime-dev (fetch_ort_headers.sh).
 # Needs a C++17 compiler and cmake (pip's cmake and ninja do); exits 1 saying why where it cannot.
 set -euo pipefail
@@ -33,5 +35,16 @@ if [ "${1:-}" = "--test" ]; then
   cmake --build "$BUILD-sanitize" >&2
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir "$BUILD-sanitize" --output-on-failure >&2
+  if command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null; then
+    configure "$BUILD-aarch64" -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_TOOLCHAIN_FILE="$SRC/cmake/aarch64-linux-gnu.cmake"
+    cmake --build "$BUILD-aarch64" >&2
+    ctest --test-dir "$BUILD-aarch64" --output-on-failure >&2
+  elif [ -n "${SPECX_REQUIRE_KERNELS:-}" ]; then
+    echo "build_kernels: no ARM64 cross toolchain or qemu-user (scripts/setup_cross.sh)" >&2
+    exit 1
+  else
+    echo "build_kernels: ARM64 (NEON) tests skipped: no cross toolchain (scripts/setup_cross.sh)" >&2
+  fi
 fi
 echo "$ROOT/runtime/kernels/lib/libspecx_kernels.so"

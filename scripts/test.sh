@@ -40,7 +40,8 @@ echo "== mypy" >&2
 mkdir -p .typecheck/specx
 for d in runtime profiles exporter apps; do ln -sfn "../../$d" ".typecheck/specx/$d"; done
 MYPYPATH=.typecheck mypy -p specx.runtime -p specx.profiles -p specx.exporter -p specx.apps
-echo "== native (sanitizers on)" >&2
+echo "== native (sanitizers on; ARM64 under qemu-user)" >&2
+"$ROOT/scripts/setup_cross.sh"
 "$ROOT/scripts/build_kernels.sh" --test >/dev/null
 echo "== pytest" >&2
 python -m pytest "$@"

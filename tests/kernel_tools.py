@@ -57,9 +57,15 @@ def dequantize(kind: str, raw: np.ndarray) -> np.ndarray:
     return np.asarray(quants.dequantize(raw, GGMLQuantizationType[kind]), np.float32)
 
 
-def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x [m, k] as the kernels quantize it (native/kernels/src/matmul.h): codes, scales per 32."""
-    blocks = x.reshape(x.shape[0], -1, 32)
+def activation_block(kind: str) -> int:
+    """The block the kernels quantize activations in for weights of `kind`: the format's own."""
+    return block_shape(kind)[0]
+
+
+def quantize_rows(x: np.ndarray, block: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """x [m, k] as the kernels quantize it (native/kernels/src/matmul.h): codes, a scale per
+    `block` values."""
+    blocks = x.reshape(x.shape[0], -1, block)
     amax = np.abs(blocks).max(axis=-1)
     inverse = np.divide(
         np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0, dtype=np.float32
@@ -71,8 +77,11 @@ def quantize_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def reference_product(kind: str, raw: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(x's int8 rows times the gguf-dequantized weights in float64, the sum of |terms|)."""
     w = dequantize(kind, raw).astype(np.float64)
-    codes, scales = quantize_rows(x)
-    xq = (codes.reshape(x.shape[0], -1, 32) * scales[..., None].astype(np.float64)).reshape(x.shape)
+    block = activation_block(kind)
+    codes, scales = quantize_rows(x, block)
+    xq = (codes.reshape(x.shape[0], -1, block) * scales[..., None].astype(np.float64)).reshape(
+        x.shape
+    )
     return xq @ w.T, np.abs(xq) @ np.abs(w.T)
 
 

@@ -46,11 +46,10 @@ def bytes_per_token(artifact: Path, spec: Any) -> int:
     import onnx
 
     model = onnx.load(str(artifact / spec.graph), load_external_data=False)
-    gathered = {
-        n.input[0] for n in model.graph.node if n.op_type in ("Gather", "GatherBlockQuantized")
-    }
+    gathers = ("Gather", "GatherBlockQuantized", "GgufGather")
+    gathered = {n.input[0] for n in model.graph.node if n.op_type in gathers}
     for n in model.graph.node:  # a table the head multiplies by is read in full
-        if n.op_type not in ("Gather", "GatherBlockQuantized"):
+        if n.op_type not in gathers:
             gathered -= set(n.input)
     skipped = 0
     for t in model.graph.initializer:

@@ -6,32 +6,29 @@
 namespace specx {
 
 void quantize_rows(const float* x, int64_t m, int64_t k, QuantRows out) {
-  const int64_t kc = k / kChunk;
+  const int block = out.block;
+  const int64_t blocks = k / block, kc = k / kChunk;
   for (int64_t r = 0; r < m; ++r) {
-    for (int64_t c = 0; c < kc; ++c) {
-      const float* v = x + r * k + c * kChunk;
-      int8_t* q = out.q + r * k + c * kChunk;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* v = x + r * k + b * block;
+      int8_t* q = out.q + r * k + b * block;
       float amax = 0.0f;
       bool finite = true;
-      for (int i = 0; i < kChunk; ++i) {
+      for (int i = 0; i < block; ++i) {
         amax = std::fmax(amax, std::fabs(v[i]));
         finite = finite && std::isfinite(v[i]);
       }
-      if (!finite) {  // a NaN or infinity poisons the block's products, as in float
-        for (int i = 0; i < kChunk; ++i) q[i] = 0;
-        out.d[r * kc + c] = std::nanf("");
-        out.s[r * kc + c] = 0;
-        continue;
+      const float d = finite ? amax / 127.0f : std::nanf("");  // NaN or inf poisons the block
+      const float inverse = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+      for (int i = 0; i < block; ++i) {
+        q[i] = finite ? static_cast<int8_t>(static_cast<int>(std::nearbyint(v[i] * inverse))) : 0;
       }
-      const float d = amax / 127.0f;
-      const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+      out.d[r * blocks + b] = d;
+    }
+    for (int64_t c = 0; c < kc; ++c) {
+      const int8_t* q = out.q + r * k + c * kChunk;
       int32_t sum = 0;
-      for (int i = 0; i < kChunk; ++i) {
-        const int code = static_cast<int>(std::nearbyint(v[i] * inverse));
-        q[i] = static_cast<int8_t>(code);
-        sum += code;
-      }
-      out.d[r * kc + c] = d;
+      for (int i = 0; i < kChunk; ++i) sum += q[i];
       out.s[r * kc + c] = sum;
     }
   }

@@ -4,8 +4,10 @@
 // codes and a float offset per 32, so that each weight is exactly
 //     W[i] = ws[i / 16] * w[i] + wm[i / 32]
 // as llama.cpp and the gguf package dequantize it (each product is exact in float32: an fp16
-// scale times a 6-bit or 8-bit integer). Decoding is integer work and exact products only, so
-// every instruction set decodes the same bits.
+// scale times a 6-bit or 8-bit integer); K-quants also give their integer sub-scales and
+// minimums (sc, mn) and super-block scales (d, dmin), which their matmul sums in integers.
+// Decoding is integer work and exact products only, so every instruction set decodes the same
+// bits.
 #pragma once
 
 #include <cstddef>
@@ -31,6 +33,10 @@ struct Decoded {
   int8_t w[kMaxBlock];        // codes, centred where the format has no offset
   float ws[kMaxBlock / 16];   // scale of each 16 codes
   float wm[kMaxBlock / 32];   // offset of each 32 codes (0 where the format has none)
+  // K-quants: W = d * sc[i / 16] * w[i] - dmin * mn[i / 32], integer sc and mn
+  int16_t sc[kMaxBlock / 16];
+  int16_t mn[kMaxBlock / 32];
+  float d, dmin;
 };
 
 using DecodeFn = void (*)(const uint8_t* block, Decoded* out);

@@ -1,15 +1,22 @@
 // Y = A W^T over GGUF blocks: the contract every instruction set computes bit for bit.
 //
-// Activations are quantized per row, in blocks of 32 (quantize_rows): d = amax / 127,
-// a = nearbyint(x * (127 / amax)) in [-127, 127], and s = the sum of a block's codes.
-// Output (m, n) then walks row n's 32-weight chunks c in order, with eight float lanes:
-//     lane j of chunk c:  L_j = sum of w[i] * a[i] for i in 4j .. 4j + 3   (exact, int32)
-//     acc_j  = fma(ws[c, j / 4] * d_c, float(L_j), acc_j)
-//     off_(c % 8) = fma(wm[c] * d_c, float(s_c), off_(c % 8))   (formats with an offset)
-//     y = reduce(acc) + reduce(off),  reduce(v) = ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))
-// Nothing in it depends on how many rows a pass has, where a row sits or which thread runs it,
-// so a verify pass's row equals the one-token pass at that position, bit for bit; the scalar
-// reference and each SIMD path compute the same operations (products rounded, fma fused).
+// Activations are quantized per row in blocks of the weight format's own size (32, or 256 for
+// the K-quants; quantize_rows): d = amax / 127, a = nearbyint(x * (127 / amax)) in [-127, 127],
+// and s = the sum of each 32 codes. Lane j of a 32-code chunk is the exact integer
+//     L_j = sum of w[i] * a[i] for i in 4j .. 4j + 3.
+// Blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): output (m, n) walks row n's blocks c in order,
+//     acc_j = fma(ws_c * d_c, float(L_j), acc_j)                       eight float lanes
+//     off_(c % 8) = fma(wm_c * d_c, float(s_c), off_(c % 8))           (Q4_1, Q5_1)
+//     y = reduce(acc) + reduce(off)
+// K-quants (Q4_K, Q5_K, Q6_K): each super-block b sums in integers, then once in floats:
+//     I_j = sum over its chunks c of sc[2c + j / 4] * L_j                 (exact int32)
+//     acc_j = fma(d_b * da_b, float(I_j), acc_j)
+//     off = fma((-dmin_b) * da_b, float(sum over groups g of mn_g * s_g), off)   (Q4_K, Q5_K)
+//     y = reduce(acc) + off
+// with reduce(v) = ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)). Nothing in it depends on
+// how many rows a pass has, where a row sits or which thread runs it, so a verify pass's row
+// equals the one-token pass at that position, bit for bit; the scalar reference and each SIMD
+// path compute the same operations (products rounded, fma fused, integers exact).
 #pragma once
 
 #include <cstddef>
@@ -21,10 +28,11 @@ namespace specx {
 
 constexpr int kChunk = 32;
 
-struct QuantRows {  // M rows of K activations as int8 blocks of 32
+struct QuantRows {  // M rows of K activations as int8 blocks of `block` (32 or 256)
   int8_t* q;        // [M, K]
-  float* d;         // [M, K / 32]
-  int32_t* s;       // [M, K / 32]
+  float* d;         // [M, K / block]
+  int32_t* s;       // [M, K / 32]: sums of each 32 codes
+  int block;
 };
 
 struct MatMulJob {
@@ -45,8 +53,12 @@ const char* isa_name(Isa isa);
 bool isa_from_name(const char* name, Isa* isa);
 bool isa_supported(Isa isa);
 
-// Rows [0, m) of x [m, k] to QuantRows (k a multiple of 32); the same on every instruction set.
+// Rows [0, m) of x [m, k] to QuantRows in blocks of out.block (k a multiple of it); the same on
+// every instruction set.
 void quantize_rows(const float* x, int64_t m, int64_t k, QuantRows out);
+
+// The activation block a weight format multiplies with: its own block size.
+inline int activation_block(const BlockFormat& format) { return format.elements; }
 
 // Output columns [n0, n1) of the job, with the given instruction set's kernel.
 void matmul_columns(Isa isa, const MatMulJob& job, int64_t n0, int64_t n1);

@@ -81,11 +81,11 @@ struct MatMulKernel {
     shape.back() = attrs.n;
     Ort::UnownedValue out = ctx.GetOutput(0, shape);
     if (m == 0) return nullptr;
-    const int64_t kc = attrs.k / specx::kChunk;
+    const int block = specx::activation_block(*attrs.format);
     std::vector<int8_t> q(static_cast<size_t>(m * attrs.k));
-    std::vector<float> d(static_cast<size_t>(m * kc));
-    std::vector<int32_t> s(d.size());
-    const specx::QuantRows acts{q.data(), d.data(), s.data()};
+    std::vector<float> d(static_cast<size_t>(m * (attrs.k / block)));
+    std::vector<int32_t> s(static_cast<size_t>(m * (attrs.k / specx::kChunk)));
+    const specx::QuantRows acts{q.data(), d.data(), s.data(), block};
     specx::quantize_rows(x.GetTensorData<float>(), m, attrs.k, acts);
     const specx::MatMulJob job{attrs.format, b.GetTensorData<uint8_t>(), attrs.row_bytes, attrs.k,
                                attrs.n,      m, acts, out.GetTensorMutableData<float>()};

@@ -98,16 +98,18 @@ void test_format(int type, std::mt19937& rng) {
   char message[256];
   expect(specx_kernels_dequantize(type, w.data(), n, k, wf.data(), message, sizeof message) == 0,
          "dequantize", f.name);
+  const int block = specx::activation_block(f);
   std::vector<int8_t> q(static_cast<size_t>(m * k));
-  std::vector<float> d(static_cast<size_t>(m * k / 32));
-  std::vector<int32_t> s(d.size());
-  specx::quantize_rows(x.data(), m, k, specx::QuantRows{q.data(), d.data(), s.data()});
+  std::vector<float> d(static_cast<size_t>(m * k / block));
+  std::vector<int32_t> s(static_cast<size_t>(m * k / 32));
+  specx::quantize_rows(x.data(), m, k, specx::QuantRows{q.data(), d.data(), s.data(), block});
   double worst = 0.0;
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t c = 0; c < n; ++c) {
       double sum = 0.0, magnitude = 0.0;
       for (int64_t i = 0; i < k; ++i) {
-        const double term = static_cast<double>(wf[c * k + i]) * d[(r * k + i) / 32] * q[r * k + i];
+        const double term =
+            static_cast<double>(wf[c * k + i]) * d[(r * k + i) / block] * q[r * k + i];
         sum += term;
         magnitude += std::fabs(term);
       }

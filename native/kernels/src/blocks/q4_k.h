@@ -15,23 +15,33 @@ struct Q4_K {
   static constexpr int kElements = 256, kBytes = 144;
   static constexpr bool kOffset = true, kSigned = false;
 
-  static void scales_of(const uint8_t* block, float* ws, float* wm) {
-    const float d = read_half(block);
-    const float dmin = read_half(block + 2);
+  // the 8 groups' integer scales and minimums
+  static void scales_of(const uint8_t* block, int16_t* sc, int16_t* mn) {
     for (int g = 0; g < 8; ++g) {
       int s = 0, m = 0;
       kquant_scale_min(g, block + 4, &s, &m);
-      ws[g] = d * static_cast<float>(s);
-      wm[g] = -(dmin * static_cast<float>(m));
+      sc[g] = static_cast<int16_t>(s);
+      mn[g] = static_cast<int16_t>(m);
     }
   }
 
+  // everything but the codes: sc per 16 (each group's twice), mn, d, dmin, ws, wm
+  static void header(const uint8_t* block, Decoded* out) {
+    int16_t sc[8];
+    scales_of(block, sc, out->mn);
+    out->d = read_half(block);
+    out->dmin = read_half(block + 2);
+    for (int g = 0; g < 8; ++g) {
+      out->sc[2 * g] = out->sc[2 * g + 1] = sc[g];
+      out->wm[g] = -(out->dmin * static_cast<float>(out->mn[g]));
+    }
+    for (int i = 0; i < 16; ++i) out->ws[i] = out->d * static_cast<float>(out->sc[i]);
+  }
+
   static void decode(const uint8_t* block, Decoded* out) {
-    float ws[8];
-    scales_of(block, ws, out->wm);
+    header(block, out);
     const uint8_t* qs = block + 16;
     for (int g = 0; g < 8; ++g) {
-      out->ws[2 * g] = out->ws[2 * g + 1] = ws[g];
       const uint8_t* q = qs + 32 * (g / 2);
       const int shift = (g % 2) * 4;
       for (int l = 0; l < 32; ++l) out->w[32 * g + l] = static_cast<int8_t>((q[l] >> shift) & 0x0f);
@@ -41,15 +51,17 @@ struct Q4_K {
 #if SPECX_X86_SIMD
   struct Simd {
     const uint8_t* qs;
-    float ws[8], wm[8];
-    explicit Simd(const uint8_t* b) : qs(b + 16) { scales_of(b, ws, wm); }
+    int16_t sc[8], mn[8];
+    float d, dmin;
+    explicit Simd(const uint8_t* b) : qs(b + 16), d(read_half(b)), dmin(read_half(b + 2)) {
+      scales_of(b, sc, mn);
+    }
     __m256i codes(int g) const {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (g / 2)));
       const __m256i shifted = (g % 2) ? _mm256_srli_epi16(q, 4) : q;
       return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f));
     }
-    __m256 scales(int g) const { return _mm256_set1_ps(ws[g]); }
-    float offset(int g) const { return wm[g]; }
+    __m256i sub_scales(int g) const { return _mm256_set1_epi16(sc[g]); }
   };
 #endif
 };

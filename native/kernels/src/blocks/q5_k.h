@@ -15,12 +15,10 @@ struct Q5_K {
   static constexpr bool kOffset = true, kSigned = false;
 
   static void decode(const uint8_t* block, Decoded* out) {
-    float ws[8];
-    Q4_K::scales_of(block, ws, out->wm);
+    Q4_K::header(block, out);
     const uint8_t* qh = block + 16;
     const uint8_t* qs = block + 48;
     for (int g = 0; g < 8; ++g) {
-      out->ws[2 * g] = out->ws[2 * g + 1] = ws[g];
       const uint8_t* q = qs + 32 * (g / 2);
       const int shift = (g % 2) * 4;
       for (int l = 0; l < 32; ++l) {
@@ -33,8 +31,11 @@ struct Q5_K {
 #if SPECX_X86_SIMD
   struct Simd {
     const uint8_t* qh;
-    float ws[8], wm[8];
-    explicit Simd(const uint8_t* b) : qh(b + 16) { Q4_K::scales_of(b, ws, wm); }
+    int16_t sc[8], mn[8];
+    float d, dmin;
+    explicit Simd(const uint8_t* b) : qh(b + 16), d(read_half(b)), dmin(read_half(b + 2)) {
+      Q4_K::scales_of(b, sc, mn);
+    }
     __m256i codes(int g) const {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 + 32 * (g / 2)));
       const __m256i shifted = (g % 2) ? _mm256_srli_epi16(q, 4) : q;
@@ -44,8 +45,7 @@ struct Q5_K {
       const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(h, mask), mask);
       return _mm256_or_si256(low, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
     }
-    __m256 scales(int g) const { return _mm256_set1_ps(ws[g]); }
-    float offset(int g) const { return wm[g]; }
+    __m256i sub_scales(int g) const { return _mm256_set1_epi16(sc[g]); }
   };
 #endif
 };

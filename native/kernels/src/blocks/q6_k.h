@@ -31,19 +31,26 @@ struct Q6_K {
         }
       }
     }
-    for (int g = 0; g < 16; ++g) out->ws[g] = d * static_cast<float>(scales[g]);
-    for (int g = 0; g < 8; ++g) out->wm[g] = 0.0f;
+    out->d = d;
+    out->dmin = 0.0f;
+    for (int g = 0; g < 16; ++g) {
+      out->sc[g] = scales[g];
+      out->ws[g] = d * static_cast<float>(scales[g]);
+    }
+    for (int g = 0; g < 8; ++g) {
+      out->wm[g] = 0.0f;
+      out->mn[g] = 0;
+    }
   }
 
 #if SPECX_X86_SIMD
   struct Simd {
     const uint8_t* block;
-    float ws[16];
-    explicit Simd(const uint8_t* b) : block(b) {
-      const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
-      const float d = read_half(b + 208);
-      for (int g = 0; g < 16; ++g) ws[g] = d * static_cast<float>(scales[g]);
-    }
+    const int8_t* sc;
+    int16_t mn[8] = {};
+    float d, dmin = 0.0f;
+    explicit Simd(const uint8_t* b)
+        : block(b), sc(reinterpret_cast<const int8_t*>(b + 192)), d(read_half(b + 208)) {}
     __m256i codes(int c) const {  // chunk c = 4 half + k
       const int half = c / 4, k = c % 4;
       const __m256i l = _mm256_loadu_si256(
@@ -53,10 +60,9 @@ struct Q6_K {
       const __m256i high = _mm256_and_si256(_mm256_srli_epi16(h, 2 * k), _mm256_set1_epi8(3));
       return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
     }
-    __m256 scales(int c) const {
-      return _mm256_setr_m128(_mm_set1_ps(ws[2 * c]), _mm_set1_ps(ws[2 * c + 1]));
+    __m256i sub_scales(int c) const {  // codes 0..15 of the chunk: sc[2c]; 16..31: sc[2c + 1]
+      return _mm256_set_m128i(_mm_set1_epi16(sc[2 * c + 1]), _mm_set1_epi16(sc[2 * c]));
     }
-    float offset(int) const { return 0.0f; }
   };
 #endif
 };
