@@ -1,6 +1,11 @@
 // The matmul kernel (matmul.h's contract), compiled once per instruction set: SPECX_ISA picks
 // the lane primitives below, the scalar reference first. Every path runs the same sequence of
 // float operations on each output; integer sums are exact, so their grouping is free.
+#if SPECX_ISA == 2 && defined(__GNUC__) && !defined(__clang__)
+// GCC 12's AVX-512 insert intrinsics take an "undefined" vector as their merge source, which
+// -Wmaybe-uninitialized reports inside the header; every lane of it is overwritten.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -224,6 +229,29 @@ void super_tile(const MatMulJob& job, int64_t n, int64_t m0) {
     for (int col = 0; col < C; ++col) {
       const typename F::Simd block(at + col * job.row_bytes);
       __m256i sums[R];
+#if SPECX_ISA == 2
+      // two chunks an instruction; integer sums are exact, so the halves fold at the end
+      __m512i wide[R];
+      for (int r = 0; r < R; ++r) wide[r] = _mm512_setzero_si512();
+      for (int c = 0; c < 8; c += 2) {
+        const __m512i w = _mm512_inserti64x4(_mm512_zextsi256_si512(block.codes(c)),
+                                             block.codes(c + 1), 1);
+        const __m512i sc = _mm512_inserti64x4(_mm512_zextsi256_si512(block.sub_scales(c)),
+                                              block.sub_scales(c + 1), 1);
+        const __m512i u = F::kSigned ? _mm512_abs_epi8(w) : w;
+        const __mmask64 negative = _mm512_movepi8_mask(w);
+        for (int r = 0; r < R; ++r) {
+          const __m512i a = _mm512_loadu_si512(acts + r * k + b * kMaxBlock + kChunk * c);
+          const __m512i x =
+              F::kSigned ? _mm512_mask_sub_epi8(a, negative, _mm512_setzero_si512(), a) : a;
+          wide[r] = _mm512_dpwssd_epi32(wide[r], _mm512_maddubs_epi16(u, x), sc);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512i high = _mm512_shuffle_i64x2(wide[r], wide[r], _MM_SHUFFLE(3, 2, 3, 2));
+        sums[r] = _mm256_add_epi32(_mm512_castsi512_si256(wide[r]), _mm512_castsi512_si256(high));
+      }
+#else
       for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
       for (int c = 0; c < 8; ++c) {
         const __m256i w = block.codes(c);
@@ -232,13 +260,10 @@ void super_tile(const MatMulJob& job, int64_t n, int64_t m0) {
         for (int r = 0; r < R; ++r) {
           const __m256i x = signed_acts<F>(acts + r * k + b * kMaxBlock + kChunk * c, w);
           const __m256i pairs = _mm256_maddubs_epi16(u, x);  // |u| <= 32: no saturation
-#if SPECX_ISA == 2
-          sums[r] = _mm256_dpwssd_epi32(sums[r], pairs, sc);
-#else
           sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs, sc));
-#endif
         }
       }
+#endif
       for (int r = 0; r < R; ++r) {
         const float da = job.acts.d[(m0 + r) * blocks + b];
         const __m256 scale = _mm256_set1_ps(block.d * da);
