@@ -37,7 +37,13 @@ import onnxruntime as ort
 PROMPT = "def quicksort(items):\n    "
 
 
-def options(threads: int, folder: Path | None = None) -> ort.SessionOptions:
+def options(
+    threads: int, folder: Path | None = None, record: dict[str, Any] | None = None
+) -> ort.SessionOptions:
+    """Session options; `record`: the graph's manifest entry, whose op libraries (the specx
+    kernels) are registered as the runtime registers them."""
+    from specx.runtime.kernels import library
+
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = threads
@@ -46,6 +52,8 @@ def options(threads: int, folder: Path | None = None) -> ort.SessionOptions:
         so.add_session_config_entry(
             "session.model_external_initializers_file_folder_path", str(folder)
         )
+    if record is not None:
+        library.register(so, record.get("operators", ()), record["graph"])
     return so
 
 
@@ -180,9 +188,9 @@ def load(
     if record is None:
         raise SystemExit(f"row_parts: no graph {name!r} (have {[r['name'] for r in records]})")
     path = artifact / record["graph"]
-    untouched = Graph(ort.InferenceSession(str(path), options(threads)), record)
+    untouched = Graph(ort.InferenceSession(str(path), options(threads, None, record)), record)
     model, names, producer = tapped(onnx.load(str(path), load_external_data=False))
-    taps = Graph(ort.InferenceSession(model, options(threads, path.parent)), record)
+    taps = Graph(ort.InferenceSession(model, options(threads, path.parent, record)), record)
     tokenizer = Tokenizer.from_file(str(artifact / manifest["tokenizer"]))
     return untouched, taps, names, producer, tokenizer.encode
 

@@ -13,6 +13,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 namespace specx {
 
 // GGML type ids (ggml.h's enum ggml_type) of the formats held.
@@ -81,7 +85,13 @@ inline float half_to_float(uint16_t h) {
 }
 
 inline float read_half(const uint8_t* p) {
+#if defined(__F16C__)
+  uint16_t h;
+  __builtin_memcpy(&h, p, sizeof h);
+  return _cvtsh_ss(h);  // exact, as half_to_float
+#else
   return half_to_float(static_cast<uint16_t>(p[0] | (p[1] << 8)));
+#endif
 }
 
 }  // namespace specx

@@ -147,6 +147,11 @@ void matmul_columns(const MatMulJob& job, int64_t n0, int64_t n1) {
 #else  // SPECX_ISA 1 (AVX2 + FMA) or 2 (AVX-512 VL + VNNI)
 // The x86 kernel: each format's blocks decoded straight into registers (blocks/*.h), a tile
 // of C output columns by R activation rows, accumulators in registers.
+// Weights stream from memory once a pass: the hardware prefetcher alone leaves the kernel
+// waiting on them (docs/bench/measurements.md), so each column prefetches kAhead blocks on.
+constexpr int kAhead = 3;
+constexpr int kAheadBytes = 512;  // blocks of 32: this far on, one prefetch a block
+
 #if SPECX_ISA == 2
 constexpr int kMaxRows = 8;  // AVX-512VL has 32 vector registers
 #else
@@ -178,17 +183,23 @@ void small_tile(const MatMulJob& job, int64_t n, int64_t m0) {
   const int64_t k = job.k, kc = k / kChunk;
   __m256 acc[C][R];
   float off[C][R][8] = {};
+#pragma GCC unroll 8
   for (int col = 0; col < C; ++col) {
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[col][r] = _mm256_setzero_ps();
   }
   const int8_t* acts = job.acts.q + m0 * k;
   for (int64_t b = 0; b < kc; ++b) {
     const uint8_t* at = job.weights + n * job.row_bytes + b * F::kBytes;
+#pragma GCC unroll 8
     for (int col = 0; col < C; ++col) {
+      _mm_prefetch(reinterpret_cast<const char*>(at + col * job.row_bytes + kAheadBytes),
+                   _MM_HINT_T0);
       const typename F::Simd block(at + col * job.row_bytes);
       const __m256i w = block.codes(0);
       const __m256 ws = block.scales(0);
       const __m256i u = magnitude<F>(w);
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const __m256i x = signed_acts<F>(acts + r * k + b * kChunk, w);
 #if SPECX_ISA == 2
@@ -206,7 +217,9 @@ void small_tile(const MatMulJob& job, int64_t n, int64_t m0) {
       }
     }
   }
+#pragma GCC unroll 8
   for (int col = 0; col < C; ++col) {
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       store_rows(job, n + col, m0 + r, acc[col][r], F::kOffset ? reduce8(off[col][r]) : 0.0f);
     }
@@ -220,19 +233,28 @@ void super_tile(const MatMulJob& job, int64_t n, int64_t m0) {
   const int64_t k = job.k, kc = k / kChunk, blocks = k / kMaxBlock;
   __m256 acc[C][R];
   float off[C][R] = {};
+#pragma GCC unroll 8
   for (int col = 0; col < C; ++col) {
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[col][r] = _mm256_setzero_ps();
   }
   const int8_t* acts = job.acts.q + m0 * k;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* at = job.weights + n * job.row_bytes + b * F::kBytes;
+#pragma GCC unroll 8
     for (int col = 0; col < C; ++col) {
+      for (int line = 0; line < F::kBytes; line += 64) {  // kAhead super-blocks on
+        _mm_prefetch(reinterpret_cast<const char*>(at + col * job.row_bytes + kAhead * F::kBytes + line),
+                     _MM_HINT_T0);
+      }
       const typename F::Simd block(at + col * job.row_bytes);
       __m256i sums[R];
 #if SPECX_ISA == 2
       // two chunks an instruction; integer sums are exact, so the halves fold at the end
       __m512i wide[R];
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) wide[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
       for (int c = 0; c < 8; c += 2) {
         const __m512i w = _mm512_inserti64x4(_mm512_zextsi256_si512(block.codes(c)),
                                              block.codes(c + 1), 1);
@@ -240,6 +262,7 @@ void super_tile(const MatMulJob& job, int64_t n, int64_t m0) {
                                               block.sub_scales(c + 1), 1);
         const __m512i u = F::kSigned ? _mm512_abs_epi8(w) : w;
         const __mmask64 negative = _mm512_movepi8_mask(w);
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           const __m512i a = _mm512_loadu_si512(acts + r * k + b * kMaxBlock + kChunk * c);
           const __m512i x =
@@ -247,16 +270,20 @@ void super_tile(const MatMulJob& job, int64_t n, int64_t m0) {
           wide[r] = _mm512_dpwssd_epi32(wide[r], _mm512_maddubs_epi16(u, x), sc);
         }
       }
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const __m512i high = _mm512_shuffle_i64x2(wide[r], wide[r], _MM_SHUFFLE(3, 2, 3, 2));
         sums[r] = _mm256_add_epi32(_mm512_castsi512_si256(wide[r]), _mm512_castsi512_si256(high));
       }
 #else
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) {
         const __m256i w = block.codes(c);
         const __m256i u = magnitude<F>(w);
         const __m256i sc = block.sub_scales(c);
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           const __m256i x = signed_acts<F>(acts + r * k + b * kMaxBlock + kChunk * c, w);
           const __m256i pairs = _mm256_maddubs_epi16(u, x);  // |u| <= 32: no saturation
@@ -264,6 +291,7 @@ void super_tile(const MatMulJob& job, int64_t n, int64_t m0) {
         }
       }
 #endif
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const float da = job.acts.d[(m0 + r) * blocks + b];
         const __m256 scale = _mm256_set1_ps(block.d * da);
@@ -273,8 +301,7 @@ void super_tile(const MatMulJob& job, int64_t n, int64_t m0) {
               _mm_loadu_si128(reinterpret_cast<const __m128i*>(job.acts.s + (m0 + r) * kc + b * 8)),
               _mm_loadu_si128(
                   reinterpret_cast<const __m128i*>(job.acts.s + (m0 + r) * kc + b * 8 + 4)));
-          const __m128i mn = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block.mn));
-          __m128i prod = _mm_madd_epi16(s, mn);  // |s_g| <= 4064 fits int16
+          __m128i prod = _mm_madd_epi16(s, block.mn);  // |s_g| <= 4064 fits int16
           prod = _mm_add_epi32(prod, _mm_shuffle_epi32(prod, 0x4e));
           prod = _mm_add_epi32(prod, _mm_shuffle_epi32(prod, 0xb1));
           const float minimums = static_cast<float>(_mm_cvtsi128_si32(prod));
@@ -283,7 +310,9 @@ void super_tile(const MatMulJob& job, int64_t n, int64_t m0) {
       }
     }
   }
+#pragma GCC unroll 8
   for (int col = 0; col < C; ++col) {
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) store_rows(job, n + col, m0 + r, acc[col][r], off[col][r]);
   }
 }

@@ -19,6 +19,9 @@
 namespace {
 
 constexpr int64_t kColumnsPerTask = 16;
+// Tasks are grouped into at most this many batches, each a contiguous run of columns: one
+// dispatch per batch instead of per task; outputs stay computed whole by one task.
+constexpr size_t kBatches = 32;
 
 struct Attributes {
   const specx::BlockFormat* format = nullptr;
@@ -96,7 +99,7 @@ struct MatMulKernel {
       const int64_t n1 = n0 + kColumnsPerTask < j->n ? n0 + kColumnsPerTask : j->n;
       specx::matmul_columns(specx::active_isa(), *j, n0, n1);
     };
-    ctx.ParallelFor(run, tasks, 0, const_cast<specx::MatMulJob*>(&job));
+    ctx.ParallelFor(run, tasks, kBatches, const_cast<specx::MatMulJob*>(&job));
     return nullptr;
   } catch (const std::exception& e) {
     return error_status(e);

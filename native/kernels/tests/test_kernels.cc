@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "kquant_scales.h"
 #include "matmul.h"
 #include "specx_kernels.h"
 
@@ -143,12 +144,29 @@ void test_bad_input() {
          "a null pointer is refused", "Q4_0");
 }
 
+void test_kquant_scales(std::mt19937& rng) {
+  for (int trial = 0; trial < 1000; ++trial) {
+    uint8_t q[12], scales[8], mins[8];
+    for (auto& byte : q) byte = static_cast<uint8_t>(rng());
+    specx::kquant_scales_mins(q, scales, mins);
+    for (int j = 0; j < 8; ++j) {
+      int s = 0, m = 0;
+      specx::kquant_scale_min(j, q, &s, &m);
+      if (s != scales[j] || m != mins[j]) {
+        expect(false, "word-wise scales differ from the byte-wise reference", "Q4_K");
+        return;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
   std::mt19937 rng(1234);
   for (int type : {2, 3, 6, 7, 8, 12, 13, 14}) test_format(type, rng);
   test_bad_input();
+  test_kquant_scales(rng);
   std::printf("%s (dispatch: %s)\n", failures ? "FAILED" : "ok", specx_kernels_isa());
   return failures ? 1 : 0;
 }

@@ -51,10 +51,13 @@ struct Q4_K {
 #if SPECX_X86_SIMD
   struct Simd {
     const uint8_t* qs;
-    int16_t sc[8], mn[8];
+    uint8_t sc[8];
+    __m128i mn;  // the 8 minimums as int16
     float d, dmin;
     explicit Simd(const uint8_t* b) : qs(b + 16), d(read_half(b)), dmin(read_half(b + 2)) {
-      scales_of(b, sc, mn);
+      alignas(8) uint8_t mins[8];
+      kquant_scales_mins(b + 4, sc, mins);
+      mn = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins)));
     }
     __m256i codes(int g) const {
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (g / 2)));
