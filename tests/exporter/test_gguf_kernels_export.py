@@ -166,7 +166,8 @@ def test_a_type_the_kernels_do_not_hold_exits_2_naming_it_and_the_fallback(
     assert "Q3_K" in result.output and "--kernels ort" in result.output
     assert not out.exists()
     # auto takes ONNX Runtime's kernels for such a file
-    export_pair(str(path), [], out, ExportOptions(max_length=64, precision="int4"), quiet)
+    options = ExportOptions(max_length=64, precision="int4", kernels="auto")
+    export_pair(str(path), [], out, options, quiet)
     spec = json.loads((out / "manifest.json").read_text())["target"]
     assert spec["parity"]["weights"]["kernels"] == "ort"
 

@@ -242,7 +242,6 @@ def test_wide_blocks_are_requantized_or_carried_as_asked_for_either_role(
         precision="int4",
         wide_blocks="requantize",
         draft_wide_blocks="carry",
-        kernels="ort",  # MatMulNBits' 8-bit lanes (test_gguf_kernels_export: the specx kernels)
     )
     export_pair(str(files["qwen2"]), [str(files["draft"])], out, options, quiet)
     manifest = json.loads((out / "manifest.json").read_text())
@@ -316,7 +315,7 @@ def test_greedy_speculation_on_the_int4_pair_equals_the_int4_target_alone(
 
 def test_int8_compute_records_where_its_passes_part(files: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "artifact"
-    options = ExportOptions(max_length=128, precision="int4", kernels="ort")
+    options = ExportOptions(max_length=128, precision="int4")
     export_pair(str(files["qwen2"]), [], out, options, quiet)
     parity = json.loads((out / "manifest.json").read_text())["target"]["parity"]
     assert parity["weights"]["compute"] == "int8"
