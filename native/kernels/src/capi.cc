@@ -75,7 +75,7 @@ int specx_kernels_matmul(const char* isa, int type, const uint8_t* weights, int6
   std::vector<float> d(static_cast<size_t>(m * (k / block)));
   std::vector<int32_t> s(static_cast<size_t>(m * (k / specx::kChunk)));
   specx::QuantRows acts{q.data(), d.data(), s.data(), block};
-  specx::quantize_rows(x, m, k, acts);
+  specx::quantize_rows(chosen, x, m, k, acts);
   const specx::MatMulJob job{f, weights, static_cast<size_t>(k / f->elements * f->bytes), k, n, m,
                              acts, y};
   specx::matmul_columns(chosen, job, 0, n);

@@ -61,6 +61,14 @@ Isa active_isa() {
   return chosen;
 }
 
+void quantize_rows(Isa isa, const float* x, int64_t m, int64_t k, QuantRows out) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx512Vnni) return avx2::quantize_rows(x, m, k, out);
+#endif
+  (void)isa;
+  quantize_rows(x, m, k, out);
+}
+
 void matmul_columns(Isa isa, const MatMulJob& job, int64_t n0, int64_t n1) {
   switch (isa) {
 #if defined(__x86_64__) || defined(__i386__)

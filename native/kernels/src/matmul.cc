@@ -360,6 +360,64 @@ void columns(const MatMulJob& job, int64_t n0, int64_t n1) {
 
 }  // namespace
 
+#if SPECX_ISA == 1
+// activations.cc's quantize_rows with AVX2: max |x|, one IEEE division, products, round to
+// nearest even (nearbyint's default mode) and exact integer sums: the same bits.
+void quantize_rows(const float* x, int64_t m, int64_t k, QuantRows out) {
+  const int block = out.block;
+  const int64_t blocks = k / block, kc = k / kChunk;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* v = x + r * k + b * block;
+      int8_t* q = out.q + r * k + b * block;
+      __m256 top = _mm256_setzero_ps();
+      __m256 bad = _mm256_setzero_ps();  // any lane not finite: x - x is NaN for inf and NaN
+      for (int i = 0; i < block; i += 8) {
+        const __m256 value = _mm256_loadu_ps(v + i);
+        top = _mm256_max_ps(top, _mm256_andnot_ps(sign, value));
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(value, value), _mm256_setzero_ps(),
+                                              _CMP_NEQ_UQ));
+      }
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, top);
+      float amax = 0.0f;
+      for (float lane : lanes) amax = std::fmax(amax, lane);
+      const bool finite = _mm256_movemask_ps(bad) == 0;
+      out.d[r * blocks + b] = finite ? amax / 127.0f : std::nanf("");
+      const float inverse = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+      const __m256 scale = _mm256_set1_ps(inverse);
+      for (int i = 0; i < block; i += 32) {
+        __m256i codes[4];
+        for (int j = 0; j < 4; ++j) {
+          const __m256 scaled = _mm256_mul_ps(_mm256_loadu_ps(v + i + 8 * j), scale);
+          codes[j] = _mm256_cvtps_epi32(
+              _mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+          if (!finite) codes[j] = _mm256_setzero_si256();
+        }
+        // int32 -> int8 in order: packs interleave 128-bit lanes, the permute restores them
+        const __m256i pairs01 = _mm256_packs_epi32(codes[0], codes[1]);
+        const __m256i pairs23 = _mm256_packs_epi32(codes[2], codes[3]);
+        const __m256i bytes = _mm256_packs_epi16(pairs01, pairs23);
+        const __m256i ordered =
+            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), ordered);
+      }
+    }
+    for (int64_t c = 0; c < kc; ++c) {  // exact integer sums of each 32 codes
+      const __m256i codes =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(out.q + r * k + c * kChunk));
+      const __m256i pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), codes),
+                                              _mm256_set1_epi16(1));
+      __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
+      sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0x4e));
+      sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0xb1));
+      out.s[r * kc + c] = _mm_cvtsi128_si32(sum);
+    }
+  }
+}
+#endif
+
 void matmul_columns(const MatMulJob& job, int64_t n0, int64_t n1) {
   switch (job.format->type) {
     case kQ4_0: return columns<Q4_0>(job, n0, n1);

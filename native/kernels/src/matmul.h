@@ -57,6 +57,10 @@ bool isa_supported(Isa isa);
 // every instruction set.
 void quantize_rows(const float* x, int64_t m, int64_t k, QuantRows out);
 
+// The same, with the given instruction set's code (the same bits on each).
+void quantize_rows(Isa isa, const float* x, int64_t m, int64_t k, QuantRows out);
+namespace avx2 { void quantize_rows(const float* x, int64_t m, int64_t k, QuantRows out); }
+
 // The activation block a weight format multiplies with: its own block size.
 inline int activation_block(const BlockFormat& format) { return format.elements; }
 

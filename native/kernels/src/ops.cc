@@ -89,7 +89,7 @@ struct MatMulKernel {
     std::vector<float> d(static_cast<size_t>(m * (attrs.k / block)));
     std::vector<int32_t> s(static_cast<size_t>(m * (attrs.k / specx::kChunk)));
     const specx::QuantRows acts{q.data(), d.data(), s.data(), block};
-    specx::quantize_rows(x.GetTensorData<float>(), m, attrs.k, acts);
+    specx::quantize_rows(specx::active_isa(), x.GetTensorData<float>(), m, attrs.k, acts);
     const specx::MatMulJob job{attrs.format, b.GetTensorData<uint8_t>(), attrs.row_bytes, attrs.k,
                                attrs.n,      m, acts, out.GetTensorMutableData<float>()};
     const size_t tasks = static_cast<size_t>((attrs.n + kColumnsPerTask - 1) / kColumnsPerTask);

@@ -144,6 +144,33 @@ void test_bad_input() {
          "a null pointer is refused", "Q4_0");
 }
 
+// Every instruction set's activation quantizer against the scalar one, with infinities, NaN,
+// zeros and values at rounding ties among the rows.
+void test_quantize_rows(std::mt19937& rng) {
+  const int64_t m = 6, k = 512;
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (auto& v : x) v = normal(rng);
+  x[3] = INFINITY;
+  x[k + 300] = NAN;
+  for (int64_t i = 2 * k; i < 3 * k; ++i) x[static_cast<size_t>(i)] = 0.0f;
+  for (int64_t i = 3 * k; i < 4 * k; ++i) x[static_cast<size_t>(i)] = 0.5f * static_cast<float>(i % 7);
+  for (int block : {32, 256}) {
+    std::vector<int8_t> q0(x.size()), q1(x.size());
+    std::vector<float> d0(static_cast<size_t>(m * k / block)), d1(d0.size());
+    std::vector<int32_t> s0(static_cast<size_t>(m * k / 32)), s1(s0.size());
+    specx::quantize_rows(x.data(), m, k, specx::QuantRows{q0.data(), d0.data(), s0.data(), block});
+    for (specx::Isa isa : {specx::Isa::kAvx2, specx::Isa::kAvx512Vnni, specx::Isa::kNeon}) {
+      if (!specx::isa_supported(isa)) continue;
+      specx::quantize_rows(isa, x.data(), m, k,
+                           specx::QuantRows{q1.data(), d1.data(), s1.data(), block});
+      const bool same = q0 == q1 && s0 == s1 &&
+                        std::memcmp(d0.data(), d1.data(), d0.size() * sizeof(float)) == 0;
+      expect(same, "an instruction set quantizes activations differently", specx::isa_name(isa));
+    }
+  }
+}
+
 void test_kquant_scales(std::mt19937& rng) {
   for (int trial = 0; trial < 1000; ++trial) {
     uint8_t q[12], scales[8], mins[8];
@@ -167,6 +194,7 @@ int main() {
   for (int type : {2, 3, 6, 7, 8, 12, 13, 14}) test_format(type, rng);
   test_bad_input();
   test_kquant_scales(rng);
+  test_quantize_rows(rng);
   std::printf("%s (dispatch: %s)\n", failures ? "FAILED" : "ok", specx_kernels_isa());
   return failures ? 1 : 0;
 }
