@@ -4,7 +4,8 @@
 #   --test   also build the kernels' own tests with AddressSanitizer and UndefinedBehaviorSanitizer
 #            (leak checking on) and run them with ctest; then cross-compile them for ARM64 (the
 #            NEON path) and run them under qemu-user against the scalar path, where Debian's
-#            g++-aarch64-linux-gnu and qemu-user are installed (scripts/setup_cross.sh)
+#            g++-aarch64-linux-gnu and qemu-user are installed (scripts/setup_cross.sh; where
+#            they are not: skipped, or an error with SPECX_REQUIRE_CROSS=1)
 # ONNX Runtime's headers: ORT_INCLUDE_DIR, else Debian's libonnxruntime-dev (fetch_ort_headers.sh).
 # Needs a C++17 compiler and cmake (pip's cmake and ninja do); exits 1 saying why where it cannot.
 set -euo pipefail
@@ -40,7 +41,7 @@ if [ "${1:-}" = "--test" ]; then
       -DCMAKE_TOOLCHAIN_FILE="$SRC/cmake/aarch64-linux-gnu.cmake"
     cmake --build "$BUILD-aarch64" >&2
     ctest --test-dir "$BUILD-aarch64" --output-on-failure >&2
-  elif [ -n "${SPECX_REQUIRE_KERNELS:-}" ]; then
+  elif [ -n "${SPECX_REQUIRE_CROSS:-}" ]; then
     echo "build_kernels: no ARM64 cross toolchain or qemu-user (scripts/setup_cross.sh)" >&2
     exit 1
   else

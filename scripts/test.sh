@@ -41,7 +41,13 @@ mkdir -p .typecheck/specx
 for d in runtime profiles exporter apps; do ln -sfn "../../$d" ".typecheck/specx/$d"; done
 MYPYPATH=.typecheck mypy -p specx.runtime -p specx.profiles -p specx.exporter -p specx.apps
 echo "== native (sanitizers on; ARM64 under qemu-user)" >&2
-"$ROOT/scripts/setup_cross.sh"
+# The ARM64 tests need Debian's cross toolchain and qemu-user: required where this user can
+# install them (root, or sudo without a password), else skipped with a warning.
+if "$ROOT/scripts/setup_cross.sh"; then
+  export SPECX_REQUIRE_CROSS=1
+else
+  echo "warning: ARM64 (NEON) kernel tests skipped: no cross toolchain and no root to install it" >&2
+fi
 "$ROOT/scripts/build_kernels.sh" --test >/dev/null
 echo "== pytest" >&2
 python -m pytest "$@"
