@@ -15,11 +15,11 @@ from specx.exporter.weights.nbits import (
     WIDE_BLOCKS_DEFAULT,
 )
 from specx.profiles import Profile
+from specx.runtime.backends.providers import GPU_PROVIDERS, PROVIDER_ALIASES
 from specx.runtime.errors import ExportError
 from specx.runtime.kernels import library as kernels_library
 
 KERNELS = ("auto", "specx", "ort")
-GPU_PROVIDERS = ("cuda", "tensorrt")
 
 MIN_OPSET, MAX_OPSET = 14, 20
 
@@ -94,7 +94,10 @@ def resolve_kernels(
         return "specx"
     on_gpu = options.engines or (
         profile is not None
-        and (profile.tensorrt.enabled or any(p in GPU_PROVIDERS for p in profile.providers))
+        and (
+            profile.tensorrt.enabled
+            or any(PROVIDER_ALIASES.get(p, p) in GPU_PROVIDERS for p in profile.providers)
+        )
     )
     held = gguf_types is not None and gguf_types <= {*HELD_BITS, *FLOAT_TYPES}
     usable = built and held and options.quant_compute == "int8" and not on_gpu

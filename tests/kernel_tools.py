@@ -1,6 +1,6 @@
-"""Helpers for the specx kernels' tests: GGUF blocks made at random or by the gguf package,
-one-op ONNX graphs over them, and the library (skipped where it is not built, unless the
-test command requires it: SPECX_REQUIRE_KERNELS=1, as scripts/test.sh sets)."""
+"""Helpers for the specx kernels' tests: one-op ONNX graphs over GGUF blocks (made at random by
+tests/gguf_models.py or by the gguf package), and the library (skipped where it is not built,
+unless the test command requires it: SPECX_REQUIRE_KERNELS=1, as scripts/test.sh sets)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ import pytest
 from specx.runtime.kernels import library
 
 HELD = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
-# byte offsets of each format's fp16 fields in a block
-HALVES = {"Q4_1": (0, 2), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
 
 
 def kernels_path() -> str:
@@ -38,16 +36,6 @@ def block_shape(kind: str) -> tuple[int, int]:
 
     elements, size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
     return int(elements), int(size)
-
-
-def random_blocks(kind: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
-    """[rows, bytes] of `kind` blocks: random codes and scales, fp16 fields small and finite."""
-    elements, size = block_shape(kind)
-    blocks = rng.integers(0, 256, (rows * cols // elements, size), dtype=np.uint8)
-    for offset in HALVES.get(kind, (0,)):
-        halves = rng.uniform(-0.05, 0.05, len(blocks)).astype(np.float16)
-        blocks[:, offset : offset + 2] = halves.view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(rows, -1)
 
 
 def dequantize(kind: str, raw: np.ndarray) -> np.ndarray:

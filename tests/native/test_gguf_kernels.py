@@ -18,10 +18,11 @@ from kernel_tools import (
     kernels_path,
     matmul_graph,
     quantize_rows,
-    random_blocks,
     reference_product,
     session,
 )
+
+from tests.gguf_models import random_blocks
 
 pytest.importorskip("gguf")
 pytest.importorskip("onnx")
