@@ -8,3 +8,24 @@
 #else
 #define SPECX_X86_SIMD 0
 #endif
+
+#if SPECX_X86_SIMD
+#include <cstdint>
+
+namespace specx {
+
+// 16 bytes of two 4-bit codes each -> 32 codes: the low nibbles, then the high ones.
+inline __m256i split_nibbles(const uint8_t* qs) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i low = _mm_set1_epi8(0x0f);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
+}
+
+// 32 bytes -> their low (high = false) or high nibbles.
+inline __m256i nibbles(const uint8_t* q, bool high) {
+  const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  return _mm256_and_si256(high ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(0x0f));
+}
+
+}  // namespace specx
+#endif

@@ -32,11 +32,8 @@ struct Q4Legacy {
     const uint8_t* block;
     explicit Simd(const uint8_t* b) : block(b) {}
     __m256i codes(int) const {
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kCodes));
-      const __m128i low = _mm_set1_epi8(0x0f);
-      __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
-      if (!Offset) w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
-      return w;
+      const __m256i w = split_nibbles(block + kCodes);
+      return Offset ? w : _mm256_sub_epi8(w, _mm256_set1_epi8(8));
     }
     __m256 scales(int) const { return _mm256_set1_ps(read_half(block)); }
     float offset(int) const { return Offset ? read_half(block + 2) : 0.0f; }

@@ -59,11 +59,7 @@ struct Q4_K {
       kquant_scales_mins(b + 4, sc, mins);
       mn = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins)));
     }
-    __m256i codes(int g) const {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (g / 2)));
-      const __m256i shifted = (g % 2) ? _mm256_srli_epi16(q, 4) : q;
-      return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f));
-    }
+    __m256i codes(int g) const { return nibbles(qs + 32 * (g / 2), g % 2); }
     __m256i sub_scales(int g) const { return _mm256_set1_epi16(sc[g]); }
   };
 #endif

@@ -43,10 +43,7 @@ struct Q5Legacy {
     const uint8_t* block;
     explicit Simd(const uint8_t* b) : block(b) {}
     __m256i codes(int) const {
-      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kHigh + 4));
-      const __m128i low = _mm_set1_epi8(0x0f);
-      const __m256i nibbles =
-          _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), low), _mm_and_si128(q, low));
+      const __m256i low = split_nibbles(block + kHigh + 4);
       // byte i of the 32: 0x10 where bit i of qh is set
       const __m256i word = _mm256_set1_epi32(static_cast<int>(high_bits(block)));
       const __m256i spread = _mm256_shuffle_epi8(
@@ -54,9 +51,8 @@ struct Q5Legacy {
                                  2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
       const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
       const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-      __m256i w = _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
-      if (!Offset) w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
-      return w;
+      const __m256i w = _mm256_or_si256(low, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+      return Offset ? w : _mm256_sub_epi8(w, _mm256_set1_epi8(16));
     }
     __m256 scales(int) const { return _mm256_set1_ps(read_half(block)); }
     float offset(int) const { return Offset ? read_half(block + 2) : 0.0f; }

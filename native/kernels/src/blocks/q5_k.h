@@ -40,9 +40,7 @@ struct Q5_K {
       mn = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins)));
     }
     __m256i codes(int g) const {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh + 32 + 32 * (g / 2)));
-      const __m256i shifted = (g % 2) ? _mm256_srli_epi16(q, 4) : q;
-      const __m256i low = _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f));
+      const __m256i low = nibbles(qh + 32 + 32 * (g / 2), g % 2);
       const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
       const __m256i mask = _mm256_set1_epi8(static_cast<char>(1 << g));
       const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(h, mask), mask);

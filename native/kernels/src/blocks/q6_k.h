@@ -53,10 +53,8 @@ struct Q6_K {
         : block(b), sc(reinterpret_cast<const int8_t*>(b + 192)), d(read_half(b + 208)) {}
     __m256i codes(int c) const {  // chunk c = 4 half + k
       const int half = c / 4, k = c % 4;
-      const __m256i l = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(block + 64 * half + 32 * (k % 2)));
+      const __m256i low = nibbles(block + 64 * half + 32 * (k % 2), k >= 2);
       const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * half));
-      const __m256i low = _mm256_and_si256(k < 2 ? l : _mm256_srli_epi16(l, 4), _mm256_set1_epi8(0x0f));
       const __m256i high = _mm256_and_si256(_mm256_srli_epi16(h, 2 * k), _mm256_set1_epi8(3));
       return _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
     }
