@@ -1,0 +1,47 @@
+"""scripts/diagnostics/kernel_costs.py measures what it says on small inputs: one product per
+row count, and an artifact's passes with r, c and peak memory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kernel_tools import kernels_path
+
+pytest.importorskip("gguf")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "diagnostics" / "kernel_costs.py"
+
+
+def run(*args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_matmul_reports_a_time_and_a_rate_per_row_count() -> None:
+    kernels_path()
+    out = run(
+        "matmul", "--type", "Q6_K", "--n", "64", "--k", "512", "--rows", "1,3", "--repeats", "2"
+    )
+    lines = out.strip().splitlines()
+    assert [line.split(" x ")[1].split(" rows")[0] for line in lines] == ["1", "3"]
+    assert all(line.endswith("GB/s of weights") for line in lines)
+
+
+def test_passes_reports_r_c_and_memory_of_a_pair(tmp_path: Path) -> None:
+    from specx.exporter import ExportOptions, export_pair
+    from tests.gguf_models import write_gguf
+
+    kernels_path()
+    target = write_gguf(tmp_path / "t.gguf", "qwen2", seed=0)
+    draft = write_gguf(tmp_path / "d.gguf", "qwen2", seed=0, redraw=("blk.1.ffn_down.weight",))
+    options = ExportOptions(max_length=256, precision="int4", kernels="specx")
+    export_pair(str(target), [str(draft)], tmp_path / "art", options, lambda _m: None)
+    out = run("passes", str(tmp_path / "art"), "--rounds", "2")
+    for key in ("target_ms", "r_k3", "r_k5", "r_k8", "draft_ms", "c", "peak_rss_mb"):
+        assert f"{key} " in out
