@@ -70,12 +70,8 @@ int specx_kernels_matmul(const char* isa, int type, const uint8_t* weights, int6
     return fail(SPECX_KERNELS_UNSUPPORTED_ISA, message, message_len,
                 "that instruction set is not one this CPU and build run");
   }
-  const int block = specx::activation_block(*f);
-  std::vector<int8_t> q(static_cast<size_t>(m * k));
-  std::vector<float> d(static_cast<size_t>(m * (k / block)));
-  std::vector<int32_t> s(static_cast<size_t>(m * (k / specx::kChunk)));
-  specx::QuantRows acts{q.data(), d.data(), s.data(), block};
-  specx::quantize_rows(chosen, x, m, k, acts);
+  specx::Activations activations;
+  const specx::QuantRows acts = activations.quantize(chosen, *f, x, m, k);
   const specx::MatMulJob job{f, weights, static_cast<size_t>(k / f->elements * f->bytes), k, n, m,
                              acts, y};
   specx::matmul_columns(chosen, job, 0, n);

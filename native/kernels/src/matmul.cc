@@ -68,7 +68,7 @@ inline void chunk_lanes(const int8_t* w, const int8_t* a, int32_t* lanes) {
 
 struct Accumulators {
   float acc[kRowTile][8];
-  float off[kRowTile][8];  // blocks of 32: eight lanes; K-quants: lane 0
+  float off[kRowTile][8];  // blocks of 32 with an offset
 };
 
 // Blocks of 32: one decoded block of a column against rows [m0, m0 + rows).
@@ -90,27 +90,32 @@ void small_block(const Decoded& dec, int64_t b, const MatMulJob& job, int64_t m0
   }
 }
 
-// K-quants: one decoded super-block of a column against rows [m0, m0 + rows).
+// K-quants: one decoded super-block of a column against rows [m0, m0 + rows), codes unsigned.
 void super_block(const Decoded& dec, int64_t b, const MatMulJob& job, int64_t m0, int rows,
                  Accumulators& st) {
-  const int64_t k = job.k, kc = k / kChunk, blocks = k / kMaxBlock;
+  const int64_t k = job.k, kc = k / kChunk, blocks = k / kMaxBlock, k16 = k / 16;
+  const int centre = job.format->type == kQ6_K ? 32 : 0;
+  int8_t u[kMaxBlock];
+  for (int i = 0; i < kMaxBlock; ++i) u[i] = static_cast<int8_t>(dec.w[i] + centre);
   for (int r = 0; r < rows; ++r) {
     const int64_t m = m0 + r;
-    int32_t sums[8] = {};
+    const int16_t* s16 = job.acts.s16 + m * k16 + b * 16;
+    int32_t sums[8];
+    for (int j = 0; j < 8; ++j) sums[j] = -centre * (dec.sc[2 * j] * s16[2 * j] + dec.sc[2 * j + 1] * s16[2 * j + 1]);
     for (int c = 0; c < 8; ++c) {
       int32_t lanes[8];
-      chunk_lanes(dec.w + kChunk * c, job.acts.q + m * k + b * kMaxBlock + kChunk * c, lanes);
+      chunk_lanes(u + kChunk * c, job.acts.q + m * k + b * kMaxBlock + kChunk * c, lanes);
       for (int j = 0; j < 8; ++j) sums[j] += dec.sc[2 * c + j / 4] * lanes[j];
     }
     const float da = job.acts.d[m * blocks + b];
-    const float scale = dec.d * da;
     for (int j = 0; j < 8; ++j) {
-      st.acc[r][j] = std::fma(scale, static_cast<float>(sums[j]), st.acc[r][j]);
+      st.acc[r][j] = std::fma(static_cast<float>(sums[j]) * dec.d, da, st.acc[r][j]);
     }
     if (job.format->has_offset) {
-      int32_t minimums = 0;
-      for (int g = 0; g < 8; ++g) minimums += dec.mn[g] * job.acts.s[m * kc + b * 8 + g];
-      st.off[r][0] = std::fma((-dec.dmin) * da, static_cast<float>(minimums), st.off[r][0]);
+      for (int j = 0; j < 8; ++j) {
+        const float wmin = dec.dmin * static_cast<float>(dec.mn[j]);
+        st.acc[r][j] = std::fma(-wmin, job.acts.fs[m * kc + b * 8 + j], st.acc[r][j]);
+      }
     }
   }
 }
@@ -137,18 +142,18 @@ void matmul_columns(const MatMulJob& job, int64_t n0, int64_t n1) {
         }
       }
       for (int r = 0; r < rows; ++r) {
-        const float off = super ? st.off[r][0] : reduce8(st.off[r]);
-        job.y[(m0 + r) * job.n + n] = reduce8(st.acc[r]) + off;
+        const float sum = reduce8(st.acc[r]);
+        job.y[(m0 + r) * job.n + n] = super ? sum : sum + reduce8(st.off[r]);
       }
     }
   }
 }
 
 #else  // SPECX_ISA 1 (AVX2 + FMA) or 2 (AVX-512 VL + VNNI)
-// The x86 kernel: each format's blocks decoded straight into registers (blocks/*.h), a tile
-// of C output columns by R activation rows, accumulators in registers.
+// The x86 kernel: each format's blocks decoded straight into registers (blocks/*.h), one output
+// column by a tile of R activation rows, accumulators in registers.
 // Weights stream from memory once a pass: the hardware prefetcher alone leaves the kernel
-// waiting on them (docs/bench/measurements.md), so each column prefetches kAhead blocks on.
+// waiting on them (docs/bench/measurements.md), so the kernel prefetches kAhead blocks on.
 constexpr int kAhead = 3;
 constexpr int kAheadBytes = 512;  // blocks of 32: this far on, one prefetch a block
 
@@ -178,194 +183,171 @@ inline void store_rows(const MatMulJob& job, int64_t n, int64_t m, __m256 acc, f
 }
 
 // Blocks of 32: per block and row, eight lanes in float.
-template <class F, int R, int C>
+template <class F, int R>
 void small_tile(const MatMulJob& job, int64_t n, int64_t m0) {
   const int64_t k = job.k, kc = k / kChunk;
-  __m256 acc[C][R];
-  float off[C][R][8] = {};
+  __m256 acc[R];
+  float off[R][8] = {};
 #pragma GCC unroll 8
-  for (int col = 0; col < C; ++col) {
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[col][r] = _mm256_setzero_ps();
-  }
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const int8_t* acts = job.acts.q + m0 * k;
   for (int64_t b = 0; b < kc; ++b) {
     const uint8_t* at = job.weights + n * job.row_bytes + b * F::kBytes;
+    _mm_prefetch(reinterpret_cast<const char*>(at + kAheadBytes), _MM_HINT_T0);
+    const typename F::Simd block(at);
+    const __m256i w = block.codes(0);
+    const __m256 ws = block.scales(0);
+    const __m256i u = magnitude<F>(w);
 #pragma GCC unroll 8
-    for (int col = 0; col < C; ++col) {
-      _mm_prefetch(reinterpret_cast<const char*>(at + col * job.row_bytes + kAheadBytes),
-                   _MM_HINT_T0);
-      const typename F::Simd block(at + col * job.row_bytes);
-      const __m256i w = block.codes(0);
-      const __m256 ws = block.scales(0);
-      const __m256i u = magnitude<F>(w);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const __m256i x = signed_acts<F>(acts + r * k + b * kChunk, w);
+    for (int r = 0; r < R; ++r) {
+      const __m256i x = signed_acts<F>(acts + r * k + b * kChunk, w);
 #if SPECX_ISA == 2
-        const __m256i lanes = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
+      const __m256i lanes = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
 #else
-        const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
+      const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1));
 #endif
-        const float da = job.acts.d[(m0 + r) * kc + b];
-        const __m256 scale = _mm256_mul_ps(ws, _mm256_set1_ps(da));
-        acc[col][r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes), acc[col][r]);
-        if constexpr (F::kOffset) {
-          const float sum = static_cast<float>(job.acts.s[(m0 + r) * kc + b]);
-          off[col][r][b & 7] = std::fma(block.offset(0) * da, sum, off[col][r][b & 7]);
-        }
+      const float da = job.acts.d[(m0 + r) * kc + b];
+      const __m256 scale = _mm256_mul_ps(ws, _mm256_set1_ps(da));
+      acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(lanes), acc[r]);
+      if constexpr (F::kOffset) {
+        const float sum = static_cast<float>(job.acts.s[(m0 + r) * kc + b]);
+        off[r][b & 7] = std::fma(block.offset(0) * da, sum, off[r][b & 7]);
       }
     }
   }
 #pragma GCC unroll 8
-  for (int col = 0; col < C; ++col) {
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      store_rows(job, n + col, m0 + r, acc[col][r], F::kOffset ? reduce8(off[col][r]) : 0.0f);
-    }
+  for (int r = 0; r < R; ++r) {
+    store_rows(job, n, m0 + r, acc[r], F::kOffset ? reduce8(off[r]) : 0.0f);
   }
 }
 
-// K-quants: per super-block and row, integer lanes scaled by the sub-block scales, then once
-// in float.
-template <class F, int R, int C>
+// y = reduce(acc), the K-quants' output.
+inline void store_sum(const MatMulJob& job, int64_t n, int64_t m, __m256 acc) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, acc);
+  job.y[m * job.n + n] = reduce8(lanes);
+}
+
+#if SPECX_ISA == 1
+// K-quants: per super-block and row, integer lanes scaled by the sub-block scales (the centre
+// taken off first), then once in float.
+template <class F, int R>
 void super_tile(const MatMulJob& job, int64_t n, int64_t m0) {
-  const int64_t k = job.k, kc = k / kChunk, blocks = k / kMaxBlock;
-  __m256 acc[C][R];
-  float off[C][R] = {};
+  const int64_t k = job.k, kc = k / kChunk, blocks = k / kMaxBlock, k16 = k / 16;
+  __m256 acc[R];
 #pragma GCC unroll 8
-  for (int col = 0; col < C; ++col) {
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[col][r] = _mm256_setzero_ps();
-  }
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const int8_t* acts = job.acts.q + m0 * k;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* at = job.weights + n * job.row_bytes + b * F::kBytes;
+    for (int line = 0; line < F::kBytes; line += 64) {  // kAhead super-blocks on
+      _mm_prefetch(reinterpret_cast<const char*>(at + kAhead * F::kBytes + line), _MM_HINT_T0);
+    }
+    const typename F::Simd block(at);
+    __m256i sums[R];
 #pragma GCC unroll 8
-    for (int col = 0; col < C; ++col) {
-      for (int line = 0; line < F::kBytes; line += 64) {  // kAhead super-blocks on
-        _mm_prefetch(reinterpret_cast<const char*>(at + col * job.row_bytes + kAhead * F::kBytes + line),
-                     _MM_HINT_T0);
+    for (int r = 0; r < R; ++r) {
+      if constexpr (F::kCentre != 0) {  // -32 * (sc_2j * S_2j + sc_2j+1 * S_2j+1)
+        const __m256i centre =
+            _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(block.sc16, 5));
+        sums[r] = _mm256_madd_epi16(centre, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                                job.acts.s16 + (m0 + r) * k16 + b * 16)));
+      } else {
+        sums[r] = _mm256_setzero_si256();
       }
-      const typename F::Simd block(at + col * job.row_bytes);
-      __m256i sums[R];
-#if SPECX_ISA == 2
-      // two chunks an instruction; integer sums are exact, so the halves fold at the end
-      __m512i wide[R];
+    }
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) wide[r] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-      for (int c = 0; c < 8; c += 2) {
-        const __m512i w = _mm512_inserti64x4(_mm512_zextsi256_si512(block.codes(c)),
-                                             block.codes(c + 1), 1);
-        const __m512i sc = _mm512_inserti64x4(_mm512_zextsi256_si512(block.sub_scales(c)),
-                                              block.sub_scales(c + 1), 1);
-        const __m512i u = F::kSigned ? _mm512_abs_epi8(w) : w;
-        const __mmask64 negative = _mm512_movepi8_mask(w);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const __m512i a = _mm512_loadu_si512(acts + r * k + b * kMaxBlock + kChunk * c);
-          const __m512i x =
-              F::kSigned ? _mm512_mask_sub_epi8(a, negative, _mm512_setzero_si512(), a) : a;
-          wide[r] = _mm512_dpwssd_epi32(wide[r], _mm512_maddubs_epi16(u, x), sc);
-        }
-      }
+    for (int c = 0; c < 8; ++c) {
+      const __m256i w = block.codes(c);
+      const __m256i sc = block.sub_scales(c);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const __m512i high = _mm512_shuffle_i64x2(wide[r], wide[r], _MM_SHUFFLE(3, 2, 3, 2));
-        sums[r] = _mm256_add_epi32(_mm512_castsi512_si256(wide[r]), _mm512_castsi512_si256(high));
+        const __m256i x = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(acts + r * k + b * kMaxBlock + kChunk * c));
+        const __m256i pairs = _mm256_maddubs_epi16(w, x);  // codes <= 63: no saturation
+        sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs, sc));
       }
-#else
+    }
+    const __m256 d = _mm256_set1_ps(block.d);
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-      for (int c = 0; c < 8; ++c) {
-        const __m256i w = block.codes(c);
-        const __m256i u = magnitude<F>(w);
-        const __m256i sc = block.sub_scales(c);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) {
-          const __m256i x = signed_acts<F>(acts + r * k + b * kMaxBlock + kChunk * c, w);
-          const __m256i pairs = _mm256_maddubs_epi16(u, x);  // |u| <= 32: no saturation
-          sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs, sc));
-        }
-      }
-#endif
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const float da = job.acts.d[(m0 + r) * blocks + b];
-        const __m256 scale = _mm256_set1_ps(block.d * da);
-        acc[col][r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(sums[r]), acc[col][r]);
-        if constexpr (F::kOffset) {  // sum of mn_g * s_g over the 8 groups, exact
-          const __m128i s = _mm_packs_epi32(
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(job.acts.s + (m0 + r) * kc + b * 8)),
-              _mm_loadu_si128(
-                  reinterpret_cast<const __m128i*>(job.acts.s + (m0 + r) * kc + b * 8 + 4)));
-          __m128i prod = _mm_madd_epi16(s, block.mn);  // |s_g| <= 4064 fits int16
-          prod = _mm_add_epi32(prod, _mm_shuffle_epi32(prod, 0x4e));
-          prod = _mm_add_epi32(prod, _mm_shuffle_epi32(prod, 0xb1));
-          const float minimums = static_cast<float>(_mm_cvtsi128_si32(prod));
-          off[col][r] = std::fma((-block.dmin) * da, minimums, off[col][r]);
-        }
+    for (int r = 0; r < R; ++r) {
+      const __m256 da = _mm256_set1_ps(job.acts.d[(m0 + r) * blocks + b]);
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums[r]), d), da, acc[r]);
+      if constexpr (F::kOffset) {
+        const __m256 fs = _mm256_loadu_ps(job.acts.fs + (m0 + r) * kc + b * 8);
+        acc[r] = _mm256_fnmadd_ps(block.wmin, fs, acc[r]);
       }
     }
   }
 #pragma GCC unroll 8
-  for (int col = 0; col < C; ++col) {
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) store_rows(job, n + col, m0 + r, acc[col][r], off[col][r]);
-  }
+  for (int r = 0; r < R; ++r) store_sum(job, n, m0 + r, acc[r]);
 }
+#endif
 
-template <class F, int R, int C>
+#if SPECX_ISA == 2
+#include "kquant_avx512.h"
+#endif
+
+template <class F, int R>
 void tile(const MatMulJob& job, int64_t n, int64_t m0) {
   if constexpr (F::kElements == kMaxBlock) {
-    super_tile<F, R, C>(job, n, m0);
+#if SPECX_ISA == 1
+    super_tile<F, R>(job, n, m0);
+#endif
   } else {
-    small_tile<F, R, C>(job, n, m0);
+    small_tile<F, R>(job, n, m0);
   }
 }
 
-template <class F, int C>
+template <class F>
 void rows_tile(const MatMulJob& job, int64_t n, int64_t m0, int rows) {
   switch (rows) {
-    case 1: return tile<F, 1, C>(job, n, m0);
-    case 2: return tile<F, 2, C>(job, n, m0);
-    case 3: return tile<F, 3, C>(job, n, m0);
-    case 4: return tile<F, 4, C>(job, n, m0);
+    case 1: return tile<F, 1>(job, n, m0);
+    case 2: return tile<F, 2>(job, n, m0);
+    case 3: return tile<F, 3>(job, n, m0);
+    case 4: return tile<F, 4>(job, n, m0);
 #if SPECX_ISA == 2
-    case 5: return tile<F, 5, C>(job, n, m0);
-    case 6: return tile<F, 6, C>(job, n, m0);
-    case 7: return tile<F, 7, C>(job, n, m0);
-    case 8: return tile<F, 8, C>(job, n, m0);
+    case 5: return tile<F, 5>(job, n, m0);
+    case 6: return tile<F, 6>(job, n, m0);
+    case 7: return tile<F, 7>(job, n, m0);
+    case 8: return tile<F, 8>(job, n, m0);
 #endif
     default: return;
   }
 }
 
+// One column at a time, all rows in tiles: the weights stream from memory in order
+// (interleaving several columns' rows slows the stream; docs/bench/measurements.md).
+template <class F>
+void small_columns(const MatMulJob& job, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t m0 = 0; m0 < job.m; m0 += kMaxRows) {
+      rows_tile<F>(job, n, m0, static_cast<int>(std::min<int64_t>(kMaxRows, job.m - m0)));
+    }
+  }
+}
+
 template <class F>
 void columns(const MatMulJob& job, int64_t n0, int64_t n1) {
-  int64_t n = n0;
-  for (; n + 2 <= n1; n += 2) {  // a pair of columns: their row of blocks stays in L1 for all rows
-    for (int64_t m0 = 0; m0 < job.m; m0 += kMaxRows) {
-      rows_tile<F, 2>(job, n, m0, static_cast<int>(std::min<int64_t>(kMaxRows, job.m - m0)));
-    }
+#if SPECX_ISA == 2
+  if constexpr (F::kElements == kMaxBlock) {
+    kquant_columns<F>(job, n0, n1);
+  } else {
+    small_columns<F>(job, n0, n1);
   }
-  for (; n < n1; ++n) {
-    for (int64_t m0 = 0; m0 < job.m; m0 += kMaxRows) {
-      rows_tile<F, 1>(job, n, m0, static_cast<int>(std::min<int64_t>(kMaxRows, job.m - m0)));
-    }
-  }
+#else
+  small_columns<F>(job, n0, n1);
+#endif
 }
 
 }  // namespace
 
 #if SPECX_ISA == 1
 // activations.cc's quantize_rows with AVX2: max |x|, one IEEE division, products, round to
-// nearest even (nearbyint's default mode) and exact integer sums: the same bits.
+// nearest even (nearbyint's default mode): the same bits; then the shared sums.
 void quantize_rows(const float* x, int64_t m, int64_t k, QuantRows out) {
   const int block = out.block;
-  const int64_t blocks = k / block, kc = k / kChunk;
+  const int64_t blocks = k / block;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t b = 0; b < blocks; ++b) {
@@ -404,17 +386,8 @@ void quantize_rows(const float* x, int64_t m, int64_t k, QuantRows out) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), ordered);
       }
     }
-    for (int64_t c = 0; c < kc; ++c) {  // exact integer sums of each 32 codes
-      const __m256i codes =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(out.q + r * k + c * kChunk));
-      const __m256i pairs = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), codes),
-                                              _mm256_set1_epi16(1));
-      __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
-      sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0x4e));
-      sum = _mm_add_epi32(sum, _mm_shuffle_epi32(sum, 0xb1));
-      out.s[r * kc + c] = _mm_cvtsi128_si32(sum);
-    }
   }
+  finish_rows(m, k, out);
 }
 #endif
 

@@ -67,22 +67,10 @@ void check_blocks(const std::vector<int64_t>& shape, const Attributes& a, int64_
   }
 }
 
-// The quantized activations of a call. Grown to the widest pass seen, then reused: a decode
-// step allocates nothing. Per thread, as ONNX Runtime may run a session from several threads;
-// a node's Compute runs whole on the thread that called it.
-struct Scratch {
-  std::vector<int8_t> q;
-  std::vector<float> d;
-  std::vector<int32_t> s;
-
-  specx::QuantRows rows(int64_t m, int64_t k, int block) {
-    q.resize(std::max(q.size(), static_cast<size_t>(m * k)));
-    d.resize(std::max(d.size(), static_cast<size_t>(m * (k / block))));
-    s.resize(std::max(s.size(), static_cast<size_t>(m * (k / specx::kChunk))));
-    return specx::QuantRows{q.data(), d.data(), s.data(), block};
-  }
-};
-thread_local Scratch scratch;
+// The quantized activations of a call, reused: a decode step allocates nothing. Per thread, as
+// ONNX Runtime may run a session from several threads; a node's Compute runs whole on the
+// thread that called it.
+thread_local specx::Activations scratch;
 
 struct MatMulKernel {
   Attributes attrs;
@@ -102,9 +90,8 @@ struct MatMulKernel {
     shape.back() = attrs.n;
     Ort::UnownedValue out = ctx.GetOutput(0, shape);
     if (m == 0) return nullptr;
-    const int block = specx::activation_block(*attrs.format);
-    const specx::QuantRows acts = scratch.rows(m, attrs.k, block);
-    specx::quantize_rows(specx::active_isa(), x.GetTensorData<float>(), m, attrs.k, acts);
+    const specx::QuantRows acts = scratch.quantize(specx::active_isa(), *attrs.format,
+                                                   x.GetTensorData<float>(), m, attrs.k);
     const specx::MatMulJob job{attrs.format, b.GetTensorData<uint8_t>(), attrs.row_bytes, attrs.k,
                                attrs.n,      m, acts, out.GetTensorMutableData<float>()};
     const size_t tasks = static_cast<size_t>((attrs.n + kColumnsPerTask - 1) / kColumnsPerTask);

@@ -100,10 +100,10 @@ void test_format(int type, std::mt19937& rng) {
   expect(specx_kernels_dequantize(type, w.data(), n, k, wf.data(), message, sizeof message) == 0,
          "dequantize", f.name);
   const int block = specx::activation_block(f);
-  std::vector<int8_t> q(static_cast<size_t>(m * k));
-  std::vector<float> d(static_cast<size_t>(m * k / block));
-  std::vector<int32_t> s(static_cast<size_t>(m * k / 32));
-  specx::quantize_rows(x.data(), m, k, specx::QuantRows{q.data(), d.data(), s.data(), block});
+  specx::Activations activations;
+  const specx::QuantRows rows = activations.quantize(specx::Isa::kScalar, f, x.data(), m, k);
+  const int8_t* q = rows.q;
+  const float* d = rows.d;
   double worst = 0.0;
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t c = 0; c < n; ++c) {
@@ -155,18 +155,28 @@ void test_quantize_rows(std::mt19937& rng) {
   x[k + 300] = NAN;
   for (int64_t i = 2 * k; i < 3 * k; ++i) x[static_cast<size_t>(i)] = 0.0f;
   for (int64_t i = 3 * k; i < 4 * k; ++i) x[static_cast<size_t>(i)] = 0.5f * static_cast<float>(i % 7);
-  for (int block : {32, 256}) {
-    std::vector<int8_t> q0(x.size()), q1(x.size());
-    std::vector<float> d0(static_cast<size_t>(m * k / block)), d1(d0.size());
-    std::vector<int32_t> s0(static_cast<size_t>(m * k / 32)), s1(s0.size());
-    specx::quantize_rows(x.data(), m, k, specx::QuantRows{q0.data(), d0.data(), s0.data(), block});
+  for (int type : {specx::kQ8_0, specx::kQ4_K}) {  // blocks of 32 and 256
+    const specx::BlockFormat& f = *specx::find_format(type);
+    specx::Activations reference;
+    const specx::QuantRows a = reference.quantize(specx::Isa::kScalar, f, x.data(), m, k);
     for (specx::Isa isa : {specx::Isa::kAvx2, specx::Isa::kAvx512Vnni, specx::Isa::kNeon}) {
       if (!specx::isa_supported(isa)) continue;
-      specx::quantize_rows(isa, x.data(), m, k,
-                           specx::QuantRows{q1.data(), d1.data(), s1.data(), block});
-      const bool same = q0 == q1 && s0 == s1 &&
-                        std::memcmp(d0.data(), d1.data(), d0.size() * sizeof(float)) == 0;
+      specx::Activations other;
+      const specx::QuantRows b = other.quantize(isa, f, x.data(), m, k);
+      const size_t blocks = static_cast<size_t>(m * k / a.block), chunks = static_cast<size_t>(m * k / 32);
+      const bool same = std::memcmp(a.q, b.q, static_cast<size_t>(m * k)) == 0 &&
+                        std::memcmp(a.d, b.d, blocks * sizeof(float)) == 0 &&
+                        std::memcmp(a.s, b.s, chunks * sizeof(int32_t)) == 0 &&
+                        std::memcmp(a.fs, b.fs, chunks * sizeof(float)) == 0 &&
+                        std::memcmp(a.s16, b.s16, 2 * chunks * sizeof(int16_t)) == 0;
       expect(same, "an instruction set quantizes activations differently", specx::isa_name(isa));
+      if (b.pairs != nullptr) {  // pairs hold the rows' own codes, scales and sums
+        const specx::PairBlock& pb = b.pairs[k / 256 + 1];  // pair 1, block 1
+        const bool held = std::memcmp(pb.q[3][1], a.q + 3 * k + 256 + 3 * 32, 32) == 0 &&
+                          pb.da[9] == a.d[3 * (k / 256) + 1] && pb.fs[9] == a.fs[3 * (k / 32) + 9] &&
+                          pb.s16[0][5] == a.s16[2 * (k / 16) + 16 + 5];
+        expect(held, "row pairs do not hold their rows' values", specx::isa_name(isa));
+      }
     }
   }
 }

@@ -14,6 +14,7 @@ namespace specx {
 struct Q4_K {
   static constexpr int kElements = 256, kBytes = 144;
   static constexpr bool kOffset = true, kSigned = false;
+  static constexpr int kCentre = 0;
 
   // the 8 groups' integer scales and minimums
   static void scales_of(const uint8_t* block, int16_t* sc, int16_t* mn) {
@@ -52,15 +53,27 @@ struct Q4_K {
   struct Simd {
     const uint8_t* qs;
     uint8_t sc[8];
-    __m128i mn;  // the 8 minimums as int16
-    float d, dmin;
-    explicit Simd(const uint8_t* b) : qs(b + 16), d(read_half(b)), dmin(read_half(b + 2)) {
+    __m256i sc16;  // each 16 codes' scale as int16 (a group's twice)
+    __m256 wmin;   // dmin * m_g for the 8 groups
+    float d;
+    explicit Simd(const uint8_t* b) : qs(b + 16), d(read_half(b)) {
       alignas(8) uint8_t mins[8];
       kquant_scales_mins(b + 4, sc, mins);
-      mn = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins)));
+      const __m128i s = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc));
+      sc16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s, s));
+      const __m128i m = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins));
+      wmin = _mm256_mul_ps(_mm256_set1_ps(read_half(b + 2)),
+                           _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m)));
     }
     __m256i codes(int g) const { return nibbles(qs + 32 * (g / 2), g % 2); }
     __m256i sub_scales(int g) const { return _mm256_set1_epi16(sc[g]); }
+#if SPECX_AVX512
+    // chunks 2p and 2p + 1: the low, then the high nibbles of the same 32 bytes
+    __m512i pair(int p) const {
+      return _mm512_and_si512(_mm512_srlv_epi16(broadcast32(qs + 32 * p), shifts(0, 4)),
+                              _mm512_set1_epi8(0x0f));
+    }
+#endif
   };
 #endif
 };

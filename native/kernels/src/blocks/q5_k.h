@@ -13,6 +13,7 @@ namespace specx {
 struct Q5_K {
   static constexpr int kElements = 256, kBytes = 176;
   static constexpr bool kOffset = true, kSigned = false;
+  static constexpr int kCentre = 0;
 
   static void decode(const uint8_t* block, Decoded* out) {
     Q4_K::header(block, out);
@@ -29,24 +30,24 @@ struct Q5_K {
   }
 
 #if SPECX_X86_SIMD
-  struct Simd {
+  struct Simd : Q4_K::Simd {  // Q4_K's header; codes with their fifth bit
     const uint8_t* qh;
-    uint8_t sc[8];
-    __m128i mn;  // the 8 minimums as int16
-    float d, dmin;
-    explicit Simd(const uint8_t* b) : qh(b + 16), d(read_half(b)), dmin(read_half(b + 2)) {
-      alignas(8) uint8_t mins[8];
-      kquant_scales_mins(b + 4, sc, mins);
-      mn = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mins)));
-    }
+    explicit Simd(const uint8_t* b) : Q4_K::Simd(b), qh(b + 16) { qs = b + 48; }
     __m256i codes(int g) const {
-      const __m256i low = nibbles(qh + 32 + 32 * (g / 2), g % 2);
+      const __m256i low = Q4_K::Simd::codes(g);
       const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
       const __m256i mask = _mm256_set1_epi8(static_cast<char>(1 << g));
       const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(h, mask), mask);
       return _mm256_or_si256(low, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
     }
-    __m256i sub_scales(int g) const { return _mm256_set1_epi16(sc[g]); }
+#if SPECX_AVX512
+    __m512i pair(int p) const {  // bit c of qh moved to bit 4 for chunks c = 2p, 2p + 1
+      const __m512i h = broadcast32(qh);
+      const __m512i moved = p < 2 ? _mm512_sllv_epi16(h, shifts(4 - 2 * p, 3 - 2 * p))
+                                  : _mm512_srlv_epi16(h, shifts(2 * p - 4, 2 * p - 3));
+      return or_masked(Q4_K::Simd::pair(p), moved, 0x10);
+    }
+#endif
   };
 #endif
 };
