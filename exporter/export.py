@@ -212,10 +212,10 @@ class PairGraphs:
     ) -> ModelSpec:
         t0 = time.perf_counter()
         options, precision = self.options, precision or self.precision
-        attention = self._attention(src, role, attention or options.attention, precision)
         gguf = src.weights.gguf
         types = None if gguf is None else {str(t.tensor_type.name) for t in gguf.tensors.values()}
         kernels = resolve_kernels(options, self.profile, precision, types)
+        attention = self._attention(src, role, attention or options.attention, precision, kernels)
         if precision in QUANTIZED:
             self.log(f"  {role}: {precision} on {KERNEL_NAMES[kernels]}")
         recipe = GraphRecipe(
@@ -235,10 +235,14 @@ class PairGraphs:
         self.timings[f"{graph}_parity_s"] = time.perf_counter() - t0
         return dataclasses.replace(spec, parity=parity)
 
-    def _attention(self, src: SourceModel, role: str, attention: str, precision: str) -> str:
-        """The attention a graph gets: plain where GroupQueryAttention cannot serve it."""
+    def _attention(
+        self, src: SourceModel, role: str, attention: str, precision: str, kernels: str
+    ) -> str:
+        """The attention a graph gets: plain where GroupQueryAttention cannot serve it. On the
+        specx kernels the graph takes their own GroupQueryAttention, whose rows do not depend
+        on the pass's width (graph/trace.py own_attention)."""
         int8_compute = precision in QUANTIZED and self.options.quant_compute == "int8"
-        if self.auto_attention and attention == "gqa" and int8_compute:
+        if self.auto_attention and attention == "gqa" and int8_compute and kernels != "specx":
             # GroupQueryAttention sums a K-token pass in another order than a one-token pass;
             # int8 activation rounding turns those last bits into different tokens. Plain
             # attention's passes are bit-identical (every int4/int8 export records it:

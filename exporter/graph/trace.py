@@ -326,7 +326,25 @@ def _trace(
     )
     if attention == "batched":
         raise_opset(model)
+    if attention == "gqa" and recipe.kernels == "specx":
+        own_attention(model)
     return model
+
+
+def own_attention(model: Any) -> None:
+    """Move com.microsoft GroupQueryAttention nodes to the specx kernels' op of that name: the
+    same inputs, outputs and attributes, each query row computed alone (a verify pass's rows
+    equal one-token passes bit for bit; ONNX Runtime's sums a K-token pass in another order)."""
+    import onnx
+
+    domain = kernels_library.DOMAIN
+    moved = False
+    for node in model.graph.node:
+        if node.domain == "com.microsoft" and node.op_type == "GroupQueryAttention":
+            node.domain = domain
+            moved = True
+    if moved and not any(o.domain == domain for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
 
 
 def _served_length(arch: Architecture, recipe: GraphRecipe, log: Log) -> int:

@@ -32,6 +32,7 @@ MIN_ONNXRUNTIME: dict[str, tuple[tuple[int, int], str]] = {
         "1.21); older releases refuse to register it",
     ),
     "specx:GgufGather": ((1, 21), "the specx kernels library (as GgufMatMul)"),
+    "specx:GroupQueryAttention": ((1, 21), "the specx kernels library (as GgufMatMul)"),
 }
 OLDEST_MEASURED = (1, 16)  # plain graphs (standard operators only) ran on every release measured
 

@@ -1,8 +1,8 @@
 """The specx kernels library: where it is, what it holds, and its registration in a session.
 
-Graphs exported with ``--kernels specx`` compute their matmuls and embedding gather with the
-ops of the ``specx`` domain (GgufMatMul, GgufGather) over GGUF blocks as the file stores them;
-ONNX Runtime runs them once the library is registered in the session's options. The runtime
+Graphs exported with ``--kernels specx`` compute their matmuls, embedding gather and attention
+with the ops of the ``specx`` domain (GgufMatMul and GgufGather over GGUF blocks as the file
+stores them, GroupQueryAttention over the in-place cache); ONNX Runtime runs them once the library is registered in the session's options. The runtime
 reaches the library only through ONNX Runtime (the ops) and its small C ABI (what it holds and
 which instruction set it dispatches to, read through ctypes): never by importing native code.
 

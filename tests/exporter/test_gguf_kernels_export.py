@@ -67,7 +67,7 @@ def block_initializers(graph: Path) -> dict[str, tuple[str, np.ndarray]]:
     inits = {t.name: t for t in model.graph.initializer}
     found = {}
     for node in model.graph.node:
-        if node.domain == "specx":
+        if node.domain == "specx" and node.op_type != "GroupQueryAttention":
             name = node.input[1] if node.op_type == "GgufMatMul" else node.input[0]
             found[node.name] = (
                 name,
@@ -112,9 +112,13 @@ def test_the_graph_holds_the_files_blocks_byte_for_byte(
 
 
 def test_verify_rows_are_bit_identical_to_one_token_passes(pair: Path, llama: Path) -> None:
+    """Matmuls and the in-place cache attention both on the specx kernels."""
     for folder in (pair, llama):
         manifest = json.loads((folder / "manifest.json").read_text())
         for spec in (manifest["target"], *manifest["drafts"]):
+            assert spec["attention"] == "gqa"
+            assert "specx:GroupQueryAttention" in spec["operators"]
+            assert "com.microsoft:GroupQueryAttention" not in spec["operators"]
             calibration = spec["parity"]["calibration"]
             assert calibration["passes_max_abs_logit_diff"] == 0.0
             assert calibration["passes_parted"] == 0
@@ -191,7 +195,7 @@ def test_info_says_which_kernels_the_artifact_needs_and_where_they_dispatch(pair
     assert result.exit_code == 0, result.output
     kernels = json.loads(result.output)["kernels"]
     assert kernels["needed_by"] == ["draft.onnx", "target.onnx"]
-    assert kernels["ops"] == ["specx:GgufGather", "specx:GgufMatMul"]
+    assert kernels["ops"] == ["specx:GgufGather", "specx:GgufMatMul", "specx:GroupQueryAttention"]
     assert kernels["library"]["isa"] in ("scalar", "avx2", "avx512vnni", "neon")
     text = CliRunner().invoke(main, ["info", str(pair)]).output
-    assert "need specx kernels (GgufGather, GgufMatMul); loaded from" in text
+    assert "need specx kernels (GgufGather, GgufMatMul, GroupQueryAttention); loaded from" in text

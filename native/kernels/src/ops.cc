@@ -1,6 +1,8 @@
-// ONNX Runtime custom ops over GGUF blocks (domain "specx"):
+// ONNX Runtime custom ops (domain "specx"):
 //   GgufMatMul(X float [..., K], B uint8 [N, row_bytes]) -> Y float [..., N]
 //   GgufGather(B uint8 [V, row_bytes], ids int64 [...]) -> Y float [..., K]
+//   GroupQueryAttention: com.microsoft's inputs, outputs and attributes (attention.h), each
+//     query row computed alone, so a verify pass's rows equal one-token passes bit for bit
 // attributes: type (the GGML type id of B's blocks), K, and N for GgufMatMul. B is the file's
 // blocks, row by row, unchanged. Output columns are split over ONNX Runtime's intra-op threads;
 // each output is computed whole by one task, so the thread count changes no bit.
@@ -9,11 +11,14 @@
 #undef ORT_API_MANUAL_INIT
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "attention.h"
 #include "matmul.h"
 #include "specx_kernels.h"
 
@@ -55,6 +60,15 @@ Attributes read_attributes(const OrtKernelInfo* info, const char* op, bool with_
 
 OrtStatusPtr error_status(const std::exception& e) {
   return Ort::GetApi().CreateStatus(ORT_INVALID_ARGUMENT, e.what());
+}
+
+template <typename T>
+T optional_attribute(const Ort::ConstKernelInfo& info, const char* name, T fallback) {
+  try {
+    return info.GetAttribute<T>(name);
+  } catch (const Ort::Exception&) {
+    return fallback;
+  }
 }
 
 void check_blocks(const std::vector<int64_t>& shape, const Attributes& a, int64_t rows,
@@ -141,6 +155,131 @@ struct GatherKernel {
   }
 };
 
+struct AttentionKernel {
+  int64_t heads = 0, kv_heads = 0, window = -1;
+  float scale = 0.0f;
+  bool rotary = false;
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) try {
+    Ort::KernelContext ctx(context);
+    const std::vector<int64_t> q = ctx.GetInput(0).GetTensorTypeAndShapeInfo().GetShape();
+    const Ort::ConstValue past_key = ctx.GetInput(3);
+    const Ort::ConstValue past_value = ctx.GetInput(4);
+    const std::vector<int64_t> cache = past_key.GetTensorTypeAndShapeInfo().GetShape();
+    if (q.size() != 3 || cache.size() != 4 || q[2] % heads != 0 || cache[0] != q[0] ||
+        cache[1] != kv_heads || cache[3] != q[2] / heads ||
+        ctx.GetInput(1).GetTensorTypeAndShapeInfo().GetShape() !=
+            std::vector<int64_t>{q[0], q[1], kv_heads * cache[3]} ||
+        ctx.GetInput(2).GetTensorTypeAndShapeInfo().GetShape() !=
+            std::vector<int64_t>{q[0], q[1], kv_heads * cache[3]} ||
+        past_value.GetTensorTypeAndShapeInfo().GetShape() != cache) {
+      throw std::invalid_argument(
+          "GroupQueryAttention: expected query [batch, seq, heads * head_dim], key and value "
+          "[batch, seq, kv_heads * head_dim], past key and value [batch, kv_heads, capacity, "
+          "head_dim]");
+    }
+    specx::AttentionShape s{q[0], q[1], heads, kv_heads, cache[3], cache[2], 0, window,
+                            scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(cache[3]))};
+    const Ort::ConstValue seqlens = ctx.GetInput(5);
+    if (seqlens.GetTensorTypeAndShapeInfo().GetElementCount() != static_cast<size_t>(s.batch)) {
+      throw std::invalid_argument("GroupQueryAttention: seqlens_k must hold one length a row");
+    }
+    std::vector<int32_t> total(static_cast<size_t>(s.batch));
+    for (int64_t b = 0; b < s.batch; ++b) {
+      total[b] = seqlens.GetTensorData<int32_t>()[b] + 1;
+      if (total[b] < s.seq || total[b] > s.capacity) {
+        throw std::out_of_range("GroupQueryAttention: " + std::to_string(total[b]) +
+                                " positions do not fit a cache of " + std::to_string(s.capacity) +
+                                " after " + std::to_string(s.seq) + " new tokens");
+      }
+    }
+    const float* cos = nullptr;
+    const float* sin = nullptr;
+    if (rotary) {
+      const Ort::ConstValue c = ctx.GetInput(7), n = ctx.GetInput(8);
+      const std::vector<int64_t> table = c.GetTensorTypeAndShapeInfo().GetShape();
+      if (table.size() != 2 || 2 * table[1] > s.head_dim ||
+          n.GetTensorTypeAndShapeInfo().GetShape() != table ||
+          *std::max_element(total.begin(), total.end()) > table[0]) {
+        throw std::invalid_argument(
+            "GroupQueryAttention: cos and sin caches must be [positions, rotary_dim / 2] and "
+            "cover every position");
+      }
+      s.rotary_dim = 2 * table[1];
+      cos = c.GetTensorData<float>();
+      sin = n.GetTensorData<float>();
+    }
+    Ort::UnownedValue out = ctx.GetOutput(0, q);
+    Ort::UnownedValue present_key = ctx.GetOutput(1, cache);
+    Ort::UnownedValue present_value = ctx.GetOutput(2, cache);
+    float* keys = present_key.GetTensorMutableData<float>();
+    float* values = present_value.GetTensorMutableData<float>();
+    const size_t cache_bytes = past_key.GetTensorTypeAndShapeInfo().GetElementCount() * sizeof(float);
+    if (keys != past_key.GetTensorData<float>()) {  // not bound in place: carry the past over
+      std::memcpy(keys, past_key.GetTensorData<float>(), cache_bytes);
+    }
+    if (values != past_value.GetTensorData<float>()) {
+      std::memcpy(values, past_value.GetTensorData<float>(), cache_bytes);
+    }
+    const specx::AttentionJob job{s,      ctx.GetInput(0).GetTensorData<float>(),
+                                  ctx.GetInput(1).GetTensorData<float>(),
+                                  ctx.GetInput(2).GetTensorData<float>(),
+                                  total.data(), cos, sin, keys, values,
+                                  out.GetTensorMutableData<float>()};
+    for (int64_t b = 0; b < s.batch; ++b) specx::attention_store(job, b);
+    auto run = [](void* data, size_t task) {
+      const auto* j = static_cast<const specx::AttentionJob*>(data);
+      const int64_t t = static_cast<int64_t>(task);
+      const int64_t h = t % j->shape.heads, i = t / j->shape.heads % j->shape.seq;
+      specx::attention_head(*j, t / (j->shape.heads * j->shape.seq), i, h);
+    };
+    const size_t tasks = static_cast<size_t>(s.batch * s.seq * s.heads);
+    ctx.ParallelFor(run, tasks, 0, const_cast<specx::AttentionJob*>(&job));
+    return nullptr;
+  } catch (const std::exception& e) {
+    return error_status(e);
+  }
+};
+
+struct AttentionOp : Ort::CustomOpBase<AttentionOp, AttentionKernel, true> {
+  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const try {
+    Ort::ConstKernelInfo ki(info);
+    auto made = std::make_unique<AttentionKernel>();
+    made->heads = ki.GetAttribute<int64_t>("num_heads");
+    made->kv_heads = ki.GetAttribute<int64_t>("kv_num_heads");
+    made->scale = optional_attribute<float>(ki, "scale", 0.0f);
+    made->rotary = optional_attribute<int64_t>(ki, "do_rotary", 0) != 0;
+    made->window = optional_attribute<int64_t>(ki, "local_window_size", -1);
+    if (made->heads <= 0 || made->kv_heads <= 0 || made->heads % made->kv_heads != 0) {
+      throw std::invalid_argument("GroupQueryAttention: num_heads must be a positive multiple "
+                                  "of kv_num_heads");
+    }
+    if (optional_attribute<int64_t>(ki, "rotary_interleaved", 0) != 0 ||
+        optional_attribute<float>(ki, "softcap", 0.0f) != 0.0f) {
+      throw std::invalid_argument("GroupQueryAttention: the specx kernels hold neither "
+                                  "interleaved rotary nor softcap; export with --kernels ort");
+    }
+    *kernel = made.release();
+    return nullptr;
+  } catch (const std::exception& e) {
+    return error_status(e);
+  }
+
+  const char* GetName() const { return "GroupQueryAttention"; }
+  size_t GetInputTypeCount() const { return 9; }
+  ONNXTensorElementDataType GetInputType(size_t i) const {
+    return i == 5 || i == 6 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32
+                            : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t i) const {
+    return i >= 7 ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  }
+  size_t GetOutputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetOutputType(size_t) const {
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+};
+
 template <typename Kernel, bool WithN>
 struct Op : Ort::CustomOpBase<Op<Kernel, WithN>, Kernel, true> {
   Op(const char* name, ONNXTensorElementDataType in0, ONNXTensorElementDataType in1)
@@ -171,6 +310,7 @@ const Op<MatMulKernel, true> kMatMul("GgufMatMul", ONNX_TENSOR_ELEMENT_DATA_TYPE
                                      ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8);
 const Op<GatherKernel, false> kGather("GgufGather", ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8,
                                       ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64);
+const AttentionOp kAttention;
 
 std::mutex domains_lock;
 std::vector<std::unique_ptr<Ort::CustomOpDomain>> domains;  // alive as long as the sessions
@@ -188,6 +328,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     auto domain = std::make_unique<Ort::CustomOpDomain>(SPECX_KERNELS_DOMAIN);
     domain->Add(&kMatMul);
     domain->Add(&kGather);
+    domain->Add(&kAttention);
     Ort::UnownedSessionOptions(options).Add(*domain);
     std::lock_guard<std::mutex> hold(domains_lock);
     domains.push_back(std::move(domain));
