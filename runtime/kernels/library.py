@@ -2,9 +2,10 @@
 
 Graphs exported with ``--kernels specx`` compute their matmuls, embedding gather and attention
 with the ops of the ``specx`` domain (GgufMatMul and GgufGather over GGUF blocks as the file
-stores them, GroupQueryAttention over the in-place cache); ONNX Runtime runs them once the library is registered in the session's options. The runtime
-reaches the library only through ONNX Runtime (the ops) and its small C ABI (what it holds and
-which instruction set it dispatches to, read through ctypes): never by importing native code.
+stores them, GroupQueryAttention over the in-place cache); ONNX Runtime runs them once the
+library is registered in the session's options. The runtime reaches the library only through
+ONNX Runtime (the ops) and its small C ABI (what it holds and which instruction set it
+dispatches to, read through ctypes): never by importing native code.
 
 The library is built by scripts/build_kernels.sh (scripts/setup.sh runs it) into ``lib/`` beside
 this file; ``SPECX_KERNELS_LIBRARY`` names another build.
