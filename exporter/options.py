@@ -57,10 +57,9 @@ class ExportOptions:
     draft_wide_blocks: str | None = None
     # Whose kernels int4/int8 graphs run on (KERNELS): "specx" (native/kernels: GGUF blocks as
     # stored, each row bit-identical whatever the pass's width), "ort" (MatMulNBits: GPUs,
-    # TensorRT, consumers without the library), "auto" (resolve_kernels). The default stays
-    # "ort" while the specx kernels' verify passes cost more than MatMulNBits' (the measurements:
-    # docs/bench/measurements.md, "specx kernels").
-    kernels: str = "ort"
+    # TensorRT, consumers without the library), "auto" (resolve_kernels: specx's for a GGUF
+    # source on a CPU where the library is built; docs/bench/measurements.md, "specx kernels").
+    kernels: str = "auto"
 
 
 def wide_blocks(options: ExportOptions, role: str) -> str:

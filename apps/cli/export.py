@@ -99,14 +99,13 @@ def _export_draft_help() -> str:
 @click.option(
     "--kernels",
     type=click.Choice(["auto", "specx", "ort"]),
-    default="ort",
+    default="auto",
     show_default=True,
     help="Whose kernels int4/int8 graphs run on: specx (specx's own, over the GGUF file's "
     "blocks as stored; each verify row bit-identical to a one-token pass; needs the kernels "
     "library: scripts/build_kernels.sh), ort (ONNX Runtime's MatMulNBits: GPUs, TensorRT, "
     "consumers without the library), auto (specx for a GGUF source on a CPU where the library "
-    "is built, else ort). The default stays ort while the specx kernels' verify passes cost more "
-    "(docs/quantized.md).",
+    "is built, else ort).",
 )
 @debug_option
 @user_errors

@@ -242,6 +242,7 @@ def test_wide_blocks_are_requantized_or_carried_as_asked_for_either_role(
         precision="int4",
         wide_blocks="requantize",
         draft_wide_blocks="carry",
+        kernels="ort",  # MatMulNBits' blocks of 32 and its 8-bit head
     )
     export_pair(str(files["qwen2"]), [str(files["draft"])], out, options, quiet)
     manifest = json.loads((out / "manifest.json").read_text())
