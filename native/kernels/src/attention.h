@@ -3,11 +3,13 @@
 // one buffer, rotary halves not interleaved, a left window), computed so that a query row's
 // output depends only on that row and the cache: the same bits in a verify pass as in the
 // one-token pass at that position. Each (row, head) runs one fixed sequence of float
-// operations: rotary, eight-lane dot products reduced in a fixed order, a softmax summed in key
-// order, values summed in key order, one division.
+// operations: rotary, eight-lane fma dot products reduced in a fixed order, a softmax summed in
+// key order, values accumulated by fma in key order, one division.
 #pragma once
 
 #include <cstdint>
+
+#include "matmul.h"
 
 namespace specx {
 
@@ -36,8 +38,9 @@ struct AttentionJob {
 // Writes row b's new keys and values (rotated) into the cache at total[b] - seq ...
 void attention_store(const AttentionJob& job, int64_t b);
 
-// Output of (row b, new token i, head h): its query rotated, against cache positions
-// [lo, position] of the head's group.
-void attention_head(const AttentionJob& job, int64_t b, int64_t i, int64_t h);
+// Output of the heads of kv group g for (row b, new token i): each query rotated, against cache
+// positions [lo, position] of the group; x86 instruction sets from AVX2 take an AVX2 + FMA
+// build of the loops, the others the baseline one: the same bits.
+void attention_group(Isa isa, const AttentionJob& job, int64_t b, int64_t i, int64_t g);
 
 }  // namespace specx

@@ -229,11 +229,11 @@ struct AttentionKernel {
     for (int64_t b = 0; b < s.batch; ++b) specx::attention_store(job, b);
     auto run = [](void* data, size_t task) {
       const auto* j = static_cast<const specx::AttentionJob*>(data);
-      const int64_t t = static_cast<int64_t>(task);
-      const int64_t h = t % j->shape.heads, i = t / j->shape.heads % j->shape.seq;
-      specx::attention_head(*j, t / (j->shape.heads * j->shape.seq), i, h);
+      const int64_t t = static_cast<int64_t>(task), groups = j->shape.kv_heads;
+      const int64_t g = t % groups, i = t / groups % j->shape.seq;
+      specx::attention_group(specx::active_isa(), *j, t / (groups * j->shape.seq), i, g);
     };
-    const size_t tasks = static_cast<size_t>(s.batch * s.seq * s.heads);
+    const size_t tasks = static_cast<size_t>(s.batch * s.seq * s.kv_heads);
     ctx.ParallelFor(run, tasks, 0, const_cast<specx::AttentionJob*>(&job));
     return nullptr;
   } catch (const std::exception& e) {

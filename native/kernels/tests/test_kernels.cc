@@ -208,7 +208,8 @@ struct AttentionCase {
 };
 
 std::vector<float> run_attention(const AttentionCase& c, int64_t first, int64_t count,
-                                 std::vector<float>& keys, std::vector<float>& values) {
+                                 std::vector<float>& keys, std::vector<float>& values,
+                                 specx::Isa isa = specx::active_isa()) {
   specx::AttentionShape s = c.shape;
   s.seq = count;
   const int64_t qw = s.heads * s.head_dim, kw = s.kv_heads * s.head_dim;
@@ -219,7 +220,7 @@ std::vector<float> run_attention(const AttentionCase& c, int64_t first, int64_t 
                                 keys.data(), values.data(), out.data()};
   specx::attention_store(job, 0);
   for (int64_t i = 0; i < count; ++i) {
-    for (int64_t h = 0; h < s.heads; ++h) specx::attention_head(job, 0, i, h);
+    for (int64_t g = 0; g < s.kv_heads; ++g) specx::attention_group(isa, job, 0, i, g);
   }
   return out;
 }
@@ -279,6 +280,13 @@ void test_attention(std::mt19937& rng) {
     expect(std::memcmp(alone.data(), wide.data(), alone.size() * sizeof(float)) == 0 &&
                k1 == k2 && v1 == v2,
            "a several-token pass parts from one-token passes", "attention");
+    for (specx::Isa isa : {specx::Isa::kScalar, specx::Isa::kAvx2, specx::Isa::kNeon}) {
+      if (!specx::isa_supported(isa)) continue;
+      std::vector<float> k4(cache, 0.0f), v4(cache, 0.0f);
+      const std::vector<float> other = run_attention(c, 0, tokens, k4, v4, isa);
+      expect(std::memcmp(other.data(), alone.data(), alone.size() * sizeof(float)) == 0,
+             "an instruction set's attention parts from the others", specx::isa_name(isa));
+    }
     double worst = 0.0;
     for (int64_t t = 0; t < tokens; ++t) {
       for (int64_t h = 0; h < 4; ++h) {
