@@ -49,11 +49,7 @@ void kquant_tile(const MatMulJob& job, int64_t n, int64_t m0) {
 #pragma GCC unroll 8
   for (int q = 0; q < kPairs; ++q) acc2[q] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* at = job.weights + n * job.row_bytes + b * F::kBytes;
-    for (int line = 0; line < F::kBytes; line += 64) {  // kAhead super-blocks on
-      _mm_prefetch(reinterpret_cast<const char*>(at + kAhead * F::kBytes + line), _MM_HINT_T0);
-    }
-    const typename F::Simd block(at);
+    const typename F::Simd block(super_block_at<F>(job, n, b));
     __m512i wide[kPairs];
     __m512i one = _mm512_setzero_si512();
     if constexpr (F::kCentre != 0) {  // -32 * (sc_2j * S_2j + sc_2j+1 * S_2j+1)

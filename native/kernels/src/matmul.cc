@@ -221,6 +221,16 @@ void small_tile(const MatMulJob& job, int64_t n, int64_t m0) {
   }
 }
 
+// Super-block b of column n, its kAhead-th successor prefetched.
+template <class F>
+inline const uint8_t* super_block_at(const MatMulJob& job, int64_t n, int64_t b) {
+  const uint8_t* at = job.weights + n * job.row_bytes + b * F::kBytes;
+  for (int line = 0; line < F::kBytes; line += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(at + kAhead * F::kBytes + line), _MM_HINT_T0);
+  }
+  return at;
+}
+
 // y = reduce(acc), the K-quants' output.
 inline void store_sum(const MatMulJob& job, int64_t n, int64_t m, __m256 acc) {
   alignas(32) float lanes[8];
@@ -239,11 +249,7 @@ void super_tile(const MatMulJob& job, int64_t n, int64_t m0) {
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   const int8_t* acts = job.acts.q + m0 * k;
   for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* at = job.weights + n * job.row_bytes + b * F::kBytes;
-    for (int line = 0; line < F::kBytes; line += 64) {  // kAhead super-blocks on
-      _mm_prefetch(reinterpret_cast<const char*>(at + kAhead * F::kBytes + line), _MM_HINT_T0);
-    }
-    const typename F::Simd block(at);
+    const typename F::Simd block(super_block_at<F>(job, n, b));
     __m256i sums[R];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
