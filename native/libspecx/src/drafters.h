@@ -1,0 +1,104 @@
+// The drafter seam, as runtime/drafters/base.py: start, source, propose, commit.
+//
+//   model    a draft graph with its own preallocated cache (drafters/model.py): catch up on the
+//            committed tokens it lacks, then draft token by token (greedy: the argmax over the
+//            ids both models share); commit truncates its cache to what the target kept
+//   ngram    prompt lookup (drafters/ngram.py): what followed the latest earlier occurrence of
+//            the context's last n tokens, n from 3 down to 1, from an index kept up to date
+//   hybrid   ngram+X (drafters/hybrid.py): a lookup where the text has a match of >= 2 tokens,
+//            the model X otherwise
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "graph.h"
+
+namespace specx {
+
+struct Proposal {
+  std::vector<int64_t> tokens;
+  int64_t catchup = 0;       // committed tokens the drafter fed before drafting
+  int64_t model_passes = 0;  // draft-model passes it cost
+};
+
+// The first index of the largest value (numpy's argmax: the first NaN wins where there is one).
+int64_t argmax(const float* row, int64_t n);
+
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  virtual void start(const int64_t* prompt, int64_t n) = 0;
+  // where the next proposal comes from: "model", "lookupN" (after an N-token match) or "none"
+  virtual std::string source(const int64_t* context, int64_t n) = 0;
+  virtual Proposal propose(const int64_t* context, int64_t n, int k) = 0;
+  virtual void commit(int accepted) = 0;
+};
+
+class ModelDrafter : public Drafter {
+ public:
+  ModelDrafter(Graph& graph, int64_t capacity, int64_t target_vocab, std::vector<int64_t> eos);
+  void start(const int64_t* prompt, int64_t n) override;
+  std::string source(const int64_t*, int64_t) override { return "model"; }
+  Proposal propose(const int64_t* context, int64_t n, int k) override;
+  void commit(int accepted) override;
+
+ private:
+  const float* feed(const int64_t* tokens, int64_t n);  // the last row's logits
+  Runner runner_;
+  int64_t shared_vocab_;
+  std::vector<int64_t> eos_, input_;
+  int64_t context_len_ = 0;
+  int64_t fed_from_proposal_ = 0;
+};
+
+class NgramDrafter : public Drafter {
+ public:
+  explicit NgramDrafter(std::vector<int64_t> eos, int max_ngram = 3, int min_ngram = 1);
+  void start(const int64_t* prompt, int64_t n) override;
+  std::string source(const int64_t* context, int64_t n) override;
+  Proposal propose(const int64_t* context, int64_t n, int k) override;
+  void commit(int) override {}
+  // the continuation found for this context (searched once per context length)
+  const std::vector<int64_t>& continuation(const int64_t* context, int64_t n);
+  void forget() { found_len_ = -1; }
+
+ private:
+  struct Key {
+    int64_t t[3];
+    int n;
+    bool operator==(const Key& o) const;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const;
+  };
+  void index_to(const int64_t* context, int64_t end);
+  int max_ngram_, min_ngram_;
+  std::vector<int64_t> eos_;
+  std::unordered_map<Key, int64_t, KeyHash> latest_;  // n-gram -> the position it last ended at
+  int64_t indexed_ = 0;
+  int64_t found_len_ = -1;
+  std::vector<int64_t> found_;
+  int matched_ = 0;
+};
+
+class HybridDrafter : public Drafter {
+ public:
+  HybridDrafter(std::unique_ptr<NgramDrafter> lookup, std::unique_ptr<Drafter> model)
+      : lookup_(std::move(lookup)), model_(std::move(model)) {}
+  void start(const int64_t* prompt, int64_t n) override;
+  std::string source(const int64_t* context, int64_t n) override;
+  Proposal propose(const int64_t* context, int64_t n, int k) override;
+  void commit(int accepted) override;
+
+ private:
+  static constexpr size_t kMinMatchTokens = 2;
+  std::unique_ptr<NgramDrafter> lookup_;
+  std::unique_ptr<Drafter> model_;
+  bool used_model_ = false;
+};
+
+}  // namespace specx

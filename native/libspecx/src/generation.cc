@@ -1,0 +1,193 @@
+#include "generation.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "failure.h"
+
+namespace specx {
+namespace {
+
+double now() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+bool contains(const std::vector<int64_t>& ids, int64_t token) {
+  return std::find(ids.begin(), ids.end(), token) != ids.end();
+}
+
+}  // namespace
+
+std::pair<int, int64_t> verify_greedy(const std::vector<int64_t>& draft, const float* logits,
+                                      int64_t vocab) {
+  const int k = int(draft.size());
+  for (int i = 0; i < k; ++i) {
+    int64_t choice = argmax(logits + size_t(i) * size_t(vocab), vocab);
+    if (choice != draft[size_t(i)]) return {i, choice};
+  }
+  return {k, argmax(logits + size_t(k) * size_t(vocab), vocab)};
+}
+
+Generation::Generation(const Model& model, const int64_t* prompt, size_t n,
+                       const Settings& settings)
+    : model_(model), settings_(settings), target_(model.target(), model.manifest().max_length) {
+  const Manifest& m = model.manifest();
+  if (prompt == nullptr || n == 0)
+    throw invalid("the prompt has no tokens", "pass at least one token id");
+  if (int64_t(n) > m.max_length)
+    throw invalid("the prompt has " + std::to_string(n) + " tokens; this artifact's maximum "
+                  "context is " + std::to_string(m.max_length),
+                  "shorten the prompt, or re-export with a larger --max-length");
+  const int64_t vocab = m.target.vocab_size;
+  for (size_t i = 0; i < n; ++i)
+    if (prompt[i] < 0 || prompt[i] >= vocab)
+      throw invalid("prompt token " + std::to_string(i) + " is " + std::to_string(prompt[i]) +
+                    "; token ids must lie in [0, " + std::to_string(vocab) + ")");
+  resolve(settings);
+  context_.assign(size_t(m.max_length) + 1, 0);
+  std::copy(prompt, prompt + n, context_.begin());
+  n_context_ = prompt_len_ = int64_t(n);
+  stats_.prompt_tokens = prompt_len_;
+  stats_.k = k_;
+}
+
+// The K and drafter these settings ask for on this artifact (pipeline.py's resolve_policy).
+void Generation::resolve(const Settings& s) {
+  const Manifest& m = model_.manifest();
+  if (s.max_new_tokens < 1)
+    throw invalid("max_new_tokens must be >= 1, got " + std::to_string(s.max_new_tokens));
+  if (s.temperature < 0.0f || !(s.temperature == s.temperature))
+    throw invalid("temperature must be >= 0");
+  if (s.temperature > 0.0f)
+    throw Failure(SPECX_UNSUPPORTED,
+                  "sampling (temperature > 0) is not in this libspecx yet: it runs greedy "
+                  "generations (temperature 0); use the Python runtime to sample");
+  std::string name = s.drafter.empty() ? model_.default_drafter() : s.drafter;
+  const auto& names = model_.drafter_names();
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    std::string all;
+    for (const std::string& n : names) all += (all.empty() ? "" : ", ") + n;
+    throw invalid("unknown drafter '" + name + "'", "choose one of: " + all);
+  }
+  int k = s.k;
+  if (k == SPECX_K_AUTO)
+    throw Failure(SPECX_UNSUPPORTED, "K auto is not in this libspecx yet: pass a K in 0.." +
+                                         std::to_string(SPECX_MAX_K));
+  if (k == SPECX_K_DEFAULT) k = name == "none" ? 0 : m.k_default;
+  if (k < 0 || k > SPECX_MAX_K)
+    throw invalid("K must be in 0.." + std::to_string(SPECX_MAX_K) + ", got " + std::to_string(k),
+                  "SPECX_K_DEFAULT, or 0 for the target alone");
+  if (k > m.k_max)
+    throw invalid("K=" + std::to_string(k) + " exceeds the profile's k_max " +
+                  std::to_string(m.k_max), "use a smaller K");
+  if (k == 0) {
+    name = "none";
+  } else if (name == "none") {
+    throw invalid("K=" + std::to_string(k) + " needs a drafter, and \"none\" asks for the target alone",
+                  "use K 0, or another drafter");
+  }
+  k_ = k;
+  drafter_name_ = name;
+  drafter_ = model_.new_drafter(name);
+}
+
+void Generation::prefill() {
+  const double t0 = now();
+  if (drafter_) drafter_->start(context_.data(), prompt_len_);
+  if (prompt_len_ > 1) target_.prefill(context_.data(), prompt_len_ - 1);
+  stats_.prefill_s = now() - t0;
+}
+
+std::vector<int64_t> Generation::next() {
+  if (done_) return {};
+  if (cancelled_.load(std::memory_order_relaxed)) {
+    finish("cancelled");
+    return {};
+  }
+  try {
+    if (!started_) {
+      started_ = true;
+      prefill();
+    }
+    const double t0 = now();
+    std::vector<int64_t> emitted = step();
+    stats_.decode_s += now() - t0;
+    return emitted;
+  } catch (...) {
+    finish("error");  // a failed pass leaves no state a next step could trust
+    throw;
+  }
+}
+
+std::vector<int64_t> Generation::step() {
+  const int64_t* context = context_.data();
+  if (drafter_) drafter_->source(context, n_context_);
+  const int64_t room = target_.capacity() - target_.length() - 1;
+  const int64_t left = settings_.max_new_tokens - stats_.new_tokens;
+  const int k = int(std::max<int64_t>(0, std::min<int64_t>({room, left - 1, int64_t(k_)})));
+  double t0 = now();
+  Proposal proposal;
+  if (drafter_ && k > 0) proposal = drafter_->propose(context, n_context_, k);
+  stats_.draft_s += now() - t0;
+  std::vector<int64_t> input{context_[size_t(n_context_ - 1)]};  // [n + 1]
+  input.insert(input.end(), proposal.tokens.begin(), proposal.tokens.end());
+  const int64_t committed = target_.length();
+  t0 = now();
+  const float* logits = target_.forward(input.data(), int64_t(input.size()));  // [n + 1, vocab]
+  auto [accepted, next_token] = verify_greedy(proposal.tokens, logits, target_.vocab_size());
+  stats_.verify_s += now() - t0;
+  target_.truncate(committed + 1 + accepted);  // the last committed token and the accepted drafts
+  if (drafter_ && k > 0) drafter_->commit(accepted);
+  const int proposed = int(proposal.tokens.size());
+  stats_.target_passes += 1;
+  stats_.draft_passes += proposal.model_passes;
+  stats_.proposed += proposed;
+  stats_.accepted += accepted;
+  stats_.rejections += accepted < proposed ? 1 : 0;
+  for (int i = 0; i < proposed; ++i) stats_.proposed_at[i] += 1;
+  for (int i = 0; i < accepted; ++i) stats_.accepted_at[i] += 1;
+  std::vector<int64_t> tokens(proposal.tokens.begin(), proposal.tokens.begin() + accepted);
+  tokens.push_back(next_token);
+  return append(tokens);
+}
+
+// Append the step's tokens up to the token limit and the first end (or stop) token, and stop
+// where that or the cache says so (sequence.py's _append).
+std::vector<int64_t> Generation::append(const std::vector<int64_t>& tokens) {
+  const Manifest& m = model_.manifest();
+  const int64_t left = settings_.max_new_tokens - stats_.new_tokens;
+  std::vector<int64_t> out(tokens.begin(), tokens.begin() + std::min<int64_t>(left, int64_t(tokens.size())));
+  const char* stop = nullptr;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (contains(m.eos_token_ids, out[i]) || contains(settings_.stop_ids, out[i])) {
+      stop = contains(m.eos_token_ids, out[i]) ? "eos" : "stop_id";
+      out.resize(i + 1);
+      break;
+    }
+  }
+  std::copy(out.begin(), out.end(), context_.begin() + n_context_);
+  n_context_ += int64_t(out.size());
+  stats_.new_tokens += int64_t(out.size());
+  if (stop != nullptr) finish(stop);
+  else if (stats_.new_tokens >= settings_.max_new_tokens) finish("max_new_tokens");
+  else if (target_.length() + 1 > target_.capacity()) finish("max_length");
+  return out;
+}
+
+void Generation::finish(const char* reason) {
+  done_ = true;
+  if (stop_reason_.empty()) stop_reason_ = reason;
+}
+
+specx_stats Generation::stats() const {
+  specx_stats s = stats_;
+  const double total = s.prefill_s + s.decode_s;
+  s.tokens_per_s = total > 0 ? double(s.new_tokens) / total : 0.0;
+  s.decode_tokens_per_s = s.decode_s > 0 ? double(s.new_tokens) / s.decode_s : 0.0;
+  s.drafter = drafter_name_.c_str();
+  s.stop_reason = stop_reason_.c_str();
+  return s;
+}
+
+}  // namespace specx

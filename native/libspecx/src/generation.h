@@ -1,0 +1,66 @@
+// One generation: prefill, then speculative steps until it stops (runtime/decode/loop.py and
+// sequence.py). A step is propose, verify, accept, commit: the drafter proposes up to K tokens,
+// the target verifies [last committed, d_1 .. d_k] in one pass that also extends its cache, the
+// greedy verification accepts the longest prefix equal to the target's argmax plus the
+// target's own token, and the cache is rolled back by setting its length.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "drafters.h"
+#include "model.h"
+#include "specx.h"
+
+namespace specx {
+
+struct Settings {
+  int64_t max_new_tokens = 128;
+  int k = SPECX_K_DEFAULT;
+  std::string drafter;  // "": the artifact's default
+  std::vector<int64_t> stop_ids;
+  float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
+  int top_k = 0;
+  uint64_t seed = 0;
+};
+
+// Greedy verification (verify.py's verify_greedy): (draft tokens accepted, the target's token).
+// logits: [k + 1, vocab].
+std::pair<int, int64_t> verify_greedy(const std::vector<int64_t>& draft, const float* logits,
+                                      int64_t vocab);
+
+class Generation {
+ public:
+  Generation(const Model& model, const int64_t* prompt, size_t n, const Settings& settings);
+  // One step (the first also runs the prompt): the tokens it commits; empty once done.
+  std::vector<int64_t> next();
+  void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
+  bool done() const { return done_; }
+  specx_stats stats() const;
+
+ private:
+  void resolve(const Settings& settings);
+  void prefill();
+  std::vector<int64_t> step();
+  std::vector<int64_t> append(const std::vector<int64_t>& tokens);
+  void finish(const char* reason);
+
+  const Model& model_;
+  Settings settings_;
+  int k_ = 0;
+  std::string drafter_name_;
+  std::unique_ptr<Drafter> drafter_;
+  Runner target_;
+  std::vector<int64_t> context_;  // [capacity + 1] every committed token
+  int64_t n_context_ = 0;
+  int64_t prompt_len_ = 0;
+  bool started_ = false, done_ = false;
+  std::atomic<bool> cancelled_{false};
+  specx_stats stats_{};
+  std::string stop_reason_;
+};
+
+}  // namespace specx

@@ -1,0 +1,256 @@
+#include "graph.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include <array>
+#include <cstring>
+
+#include "failure.h"
+
+namespace specx {
+namespace {
+
+constexpr int kKernelsAbi = 1;  // the specx kernels' C ABI this library speaks
+
+bool is_file(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+const char* type_name(ONNXTensorElementDataType t) {
+  switch (t) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return "int64";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return "int32";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return "float32";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return "float16";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL: return "bool";
+    default: return "other";
+  }
+}
+
+// The kernels library a graph needs, checked before any session exists (as
+// runtime/kernels/library.py does): present, and of the ABI the manifest records.
+void check_kernels(const ModelSpec& spec, const std::string& path) {
+  const std::string hint =
+      "build it with scripts/build_kernels.sh (scripts/setup.sh does), or export the artifact "
+      "again with --kernels ort (ONNX Runtime's own MatMulNBits)";
+  for (const OpLibrary& lib : spec.op_libraries) {
+    if (lib.name == "specx_kernels" && lib.abi != 0 && lib.abi != kKernelsAbi)
+      throw artifact_error(spec.graph + " was exported for specx kernels ABI " +
+                               std::to_string(lib.abi) + "; this libspecx speaks ABI " +
+                               std::to_string(kKernelsAbi),
+                           "export the artifact again with this version of specx");
+  }
+  if (path.empty() || !is_file(path))
+    throw Failure(SPECX_PROVIDER, spec.graph + " computes with specx kernels (" +
+                                      spec.specx_ops.front() +
+                                      ") and the kernels library is not found" +
+                                      (path.empty() ? "" : " at " + path) + ": " + hint +
+                                      "; or name it with specx_model_options_set_kernels_library");
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr)
+    throw Failure(SPECX_PROVIDER, path + " cannot be loaded: " + dlerror());
+  using AbiFn = int (*)();
+  auto abi = reinterpret_cast<AbiFn>(dlsym(handle, "specx_kernels_abi_version"));
+  int got = abi != nullptr ? abi() : -1;
+  dlclose(handle);
+  if (got != kKernelsAbi)
+    throw Failure(SPECX_PROVIDER, path + " is not a specx kernels library of ABI " +
+                                      std::to_string(kKernelsAbi) + ": " + hint);
+}
+
+Ort::SessionOptions session_options(const ModelSpec& spec, const SessionConfig& config) {
+  Ort::SessionOptions options;
+  options.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
+  options.SetLogSeverityLevel(3);
+  if (config.threads > 0) options.SetIntraOpNumThreads(config.threads);
+  if (config.alternating) options.AddConfigEntry("session.intra_op.allow_spinning", "0");
+  if (!spec.specx_ops.empty()) {
+    check_kernels(spec, config.kernels_library);
+    options.RegisterCustomOpsLibrary(config.kernels_library.c_str());
+  }
+  return options;
+}
+
+}  // namespace
+
+Graph::Graph(Ort::Env& env, const std::string& folder, const ModelSpec& spec,
+             const std::string& pair_id, const SessionConfig& config)
+    : spec_(spec), path_(folder + "/" + spec.graph) {
+  if (config.provider != "cpu")
+    throw Failure(SPECX_UNSUPPORTED, "provider '" + config.provider +
+                                         "': this libspecx runs ONNX Runtime's CPU provider "
+                                         "(use \"cpu\", or the Python runtime for CUDA/TensorRT)");
+  if (!is_file(path_))
+    throw artifact_error("graph file " + path_ + " is missing");
+  Ort::SessionOptions options = session_options(spec, config);
+  try {
+    session_ = Ort::Session(env, path_.c_str(), options);
+  } catch (const Ort::Exception& e) {
+    std::string what = e.what();
+    throw artifact_error("onnxruntime cannot load " + spec.graph + ": " +
+                             what.substr(0, std::min<size_t>(what.find('\n'), 300)),
+                         "the file is corrupt or truncated; re-export the artifact");
+  }
+  Ort::AllocatorWithDefaultOptions allocator;
+  Ort::ModelMetadata meta = session_.GetModelMetadata();
+  Ort::AllocatedStringPtr recorded = meta.LookupCustomMetadataMapAllocated("specx.pair_id", allocator);
+  if (recorded && !pair_id.empty() && pair_id != recorded.get())
+    throw artifact_error(spec.graph + " belongs to another export (pair id " +
+                         std::string(recorded.get()) + ", the manifest's is " + pair_id + ")");
+  Ort::AllocatedStringPtr length = meta.LookupCustomMetadataMapAllocated("specx.max_length", allocator);
+  if (length) {
+    char* end = nullptr;
+    long long positions = std::strtoll(length.get(), &end, 10);
+    if (end != length.get() && *end == '\0' && spec.max_length > positions)
+      throw artifact_error("the manifest gives " + spec.graph + " max_length " +
+                           std::to_string(spec.max_length) + ", but the graph was exported for " +
+                           std::to_string(positions) + " positions");
+  }
+  check_io();
+}
+
+void Graph::check_io() {
+  Ort::AllocatorWithDefaultOptions allocator;
+  for (int side = 0; side < 2; ++side) {
+    const std::vector<TensorSpec>& expected = side == 0 ? spec_.inputs : spec_.outputs;
+    size_t count = side == 0 ? session_.GetInputCount() : session_.GetOutputCount();
+    const char* kind = side == 0 ? "input" : "output";
+    if (count != expected.size())
+      throw artifact_error(spec_.graph + " has " + std::to_string(count) + " " + kind +
+                               "s, the manifest lists " + std::to_string(expected.size()),
+                           "the graph and manifest come from different exports; re-export");
+    for (size_t i = 0; i < count; ++i) {
+      Ort::AllocatedStringPtr name = side == 0 ? session_.GetInputNameAllocated(i, allocator)
+                                               : session_.GetOutputNameAllocated(i, allocator);
+      const TensorSpec* want = nullptr;
+      for (const TensorSpec& t : expected)
+        if (t.name == name.get()) want = &t;
+      if (want == nullptr)
+        throw artifact_error(spec_.graph + " has " + kind + " '" + name.get() +
+                                 "' that the manifest does not list",
+                             "the graph and manifest come from different exports; re-export");
+      Ort::TypeInfo info = side == 0 ? session_.GetInputTypeInfo(i) : session_.GetOutputTypeInfo(i);
+      auto tensor = info.GetTensorTypeAndShapeInfo();
+      std::string dtype = type_name(tensor.GetElementType());
+      if (dtype != want->dtype || tensor.GetDimensionsCount() != want->rank)
+        throw artifact_error(spec_.graph + ": " + kind + " '" + want->name + "' is " + dtype +
+                                 " of rank " + std::to_string(tensor.GetDimensionsCount()) +
+                                 ", the manifest says " + want->dtype + " of rank " +
+                                 std::to_string(want->rank),
+                             "the graph and manifest come from different exports; re-export");
+    }
+  }
+}
+
+Runner::Runner(Graph& graph, int64_t capacity)
+    : graph_(graph),
+      capacity_(capacity),
+      elem_bytes_(graph.spec().dtype == "float16" ? 2 : 4),
+      io_(graph.session()),
+      cpu_(Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault)) {
+  const ModelSpec& s = graph.spec();
+  if (capacity > s.max_length)
+    throw invalid("a cache of " + std::to_string(capacity) + " positions exceeds the " +
+                  std::to_string(s.max_length) + " " + s.graph + " was exported for");
+  layer_elems_ = capacity * s.kv_heads * s.head_dim;
+  keys_.assign(s.num_layers, std::vector<uint8_t>(size_t(layer_elems_) * elem_bytes_));
+  values_.assign(s.num_layers, std::vector<uint8_t>(size_t(layer_elems_) * elem_bytes_));
+  logits_.resize(size_t(kMaxChunk) * size_t(s.vocab_size));
+  features_.resize(size_t(kMaxChunk) * size_t(s.feature_size));
+  ids_.resize(kMaxChunk);
+  positions_.resize(kMaxChunk);
+}
+
+void Runner::truncate(int64_t length) {
+  if (length < 0 || length > length_)
+    throw invalid("cannot truncate a cache of " + std::to_string(length_) + " to " +
+                  std::to_string(length));
+  length_ = length;
+}
+
+void Runner::bind_cache(int64_t past, int64_t seq) {
+  const ModelSpec& s = graph_.spec();
+  const bool full = s.full_buffer();
+  if (full && cache_bound_) return;  // the buffers never move: bound once
+  ONNXTensorElementDataType type = elem_bytes_ == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16
+                                                    : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  const int64_t row = int64_t(s.kv_heads) * s.head_dim;  // one position, plain layout
+  std::array<int64_t, 4> past_shape = full ? std::array<int64_t, 4>{1, s.kv_heads, capacity_, s.head_dim}
+                                           : std::array<int64_t, 4>{1, past, s.kv_heads, s.head_dim};
+  std::array<int64_t, 4> new_shape = full ? past_shape
+                                          : std::array<int64_t, 4>{1, seq, s.kv_heads, s.head_dim};
+  const size_t past_bytes = size_t(full ? layer_elems_ : past * row) * elem_bytes_;
+  const size_t new_bytes = size_t(full ? layer_elems_ : seq * row) * elem_bytes_;
+  const size_t offset = full ? 0 : size_t(past * row) * elem_bytes_;
+  for (int layer = 0; layer < s.num_layers; ++layer) {
+    const std::string n = std::to_string(layer);
+    for (int kv = 0; kv < 2; ++kv) {
+      uint8_t* base = (kv == 0 ? keys_ : values_)[size_t(layer)].data();
+      const std::string what = kv == 0 ? "key." : "value.";
+      io_.BindInput(("past_" + what + n).c_str(),
+                    Ort::Value::CreateTensor(cpu_, base, past_bytes, past_shape.data(), 4, type));
+      io_.BindOutput(((full ? "present_" : "new_") + what + n).c_str(),
+                     Ort::Value::CreateTensor(cpu_, base + offset, new_bytes, new_shape.data(), 4, type));
+    }
+  }
+  cache_bound_ = full;
+}
+
+const float* Runner::forward(const int64_t* tokens, int64_t seq) {
+  const ModelSpec& s = graph_.spec();
+  if (seq < 1 || seq > kMaxChunk)
+    throw invalid("a pass takes 1.." + std::to_string(kMaxChunk) + " tokens, got " + std::to_string(seq));
+  if (length_ + seq > capacity_)
+    throw invalid("cache overflow: " + std::to_string(length_) + " cached + " +
+                  std::to_string(seq) + " new positions exceed " + std::to_string(capacity_));
+  const int64_t past = length_;
+  std::memcpy(ids_.data(), tokens, size_t(seq) * sizeof(int64_t));
+  std::array<int64_t, 2> shape{1, seq};
+  io_.BindInput("input_ids", Ort::Value::CreateTensor<int64_t>(cpu_, ids_.data(), size_t(seq), shape.data(), 2));
+  if (s.has_input("position_ids")) {
+    for (int64_t i = 0; i < seq; ++i) positions_[size_t(i)] = past + i;
+    io_.BindInput("position_ids",
+                  Ort::Value::CreateTensor<int64_t>(cpu_, positions_.data(), size_t(seq), shape.data(), 2));
+  }
+  std::array<int64_t, 1> one{1};
+  if (s.attention == "gqa") {
+    seqlens_k_ = int32_t(past + seq - 1);
+    total_length_ = int32_t(past + seq);
+    io_.BindInput("seqlens_k", Ort::Value::CreateTensor<int32_t>(cpu_, &seqlens_k_, 1, one.data(), 1));
+    io_.BindInput("total_sequence_length",
+                  Ort::Value::CreateTensor<int32_t>(cpu_, &total_length_, 1, nullptr, 0));
+  } else if (s.attention == "batched") {
+    positions_[0] = past;  // write_indices: the row's length before this pass
+    io_.BindInput("write_indices", Ort::Value::CreateTensor<int64_t>(cpu_, positions_.data(), 1, one.data(), 1));
+  }
+  bind_cache(past, seq);
+  std::array<int64_t, 3> out{1, seq, s.vocab_size};
+  io_.BindOutput("logits", Ort::Value::CreateTensor<float>(cpu_, logits_.data(), size_t(seq * s.vocab_size),
+                                                           out.data(), 3));
+  if (s.feature_size) {
+    std::array<int64_t, 3> f{1, seq, s.feature_size};
+    io_.BindOutput("features", Ort::Value::CreateTensor<float>(cpu_, features_.data(),
+                                                               size_t(seq * s.feature_size), f.data(), 3));
+  }
+  try {
+    graph_.session().Run(Ort::RunOptions{nullptr}, io_);
+  } catch (const Ort::Exception& e) {
+    throw Failure(SPECX_RUNTIME, "onnxruntime failed in a pass of " + s.graph + ": " + e.what());
+  }
+  length_ += seq;
+  ++passes_;
+  return logits_.data();
+}
+
+const float* Runner::prefill(const int64_t* tokens, int64_t n) {
+  const float* last = nullptr;
+  for (int64_t start = 0; start < n; start += kMaxChunk) {
+    int64_t seq = std::min<int64_t>(kMaxChunk, n - start);
+    last = forward(tokens + start, seq) + size_t(seq - 1) * size_t(vocab_size());
+  }
+  return last;
+}
+
+}  // namespace specx

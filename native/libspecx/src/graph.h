@@ -1,0 +1,82 @@
+// One exported graph run by ONNX Runtime through I/O binding, and its cache.
+//
+// A Graph is the loaded session, shared read-only by every generation of a model (ONNX
+// Runtime's Run is thread-safe). A Runner is one generation's use of it: its own binding, its
+// preallocated cache (length is the only truth; rollback sets it) and its logits buffer. As in
+// runtime/backends/ort_session.py:
+//   plain graphs   past = the valid prefix of each buffer, new = the slots right after it
+//   gqa graphs     past and present = the same full buffer; seqlens_k and
+//                  total_sequence_length say what is valid
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <onnxruntime_cxx_api.h>
+
+#include "manifest.h"
+
+namespace specx {
+
+constexpr int kMaxChunk = 128;  // prompt tokens per pass (backends/base.py's DEFAULT_CHUNK)
+
+struct SessionConfig {
+  int threads = 0;
+  bool alternating = false;  // takes turns with another session: no spinning threads
+  std::string provider = "cpu";
+  std::string kernels_library;  // "" where no graph needs it
+};
+
+class Graph {
+ public:
+  Graph(Ort::Env& env, const std::string& folder, const ModelSpec& spec,
+        const std::string& pair_id, const SessionConfig& config);
+  const ModelSpec& spec() const { return spec_; }
+  Ort::Session& session() { return session_; }
+
+ private:
+  void check_io();
+  ModelSpec spec_;
+  std::string path_;
+  Ort::Session session_{nullptr};
+};
+
+class Runner {
+ public:
+  Runner(Graph& graph, int64_t capacity);
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+
+  int64_t length() const { return length_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t vocab_size() const { return graph_.spec().vocab_size; }
+  void truncate(int64_t length);  // rollback: the length is the only truth
+  int64_t passes() const { return passes_; }
+
+  // Score 1..kMaxChunk new tokens on top of the cache; returns their logits, [seq, vocab],
+  // a view the next call overwrites.
+  const float* forward(const int64_t* tokens, int64_t seq);
+  // Any number of tokens in chunks of kMaxChunk; the last row's logits (nullptr for none).
+  const float* prefill(const int64_t* tokens, int64_t n);
+
+ private:
+  void bind_cache(int64_t past, int64_t seq);
+  Graph& graph_;
+  int64_t capacity_;
+  int64_t length_ = 0;
+  int64_t passes_ = 0;
+  size_t elem_bytes_;
+  int64_t layer_elems_;  // elements of one layer's key (or value) buffer
+  std::vector<std::vector<uint8_t>> keys_, values_;
+  std::vector<float> logits_;    // [kMaxChunk, vocab]
+  std::vector<float> features_;  // [kMaxChunk, F] where the target has a features output
+  std::vector<int64_t> ids_, positions_;
+  int32_t seqlens_k_ = 0, total_length_ = 0;
+  Ort::IoBinding io_;
+  Ort::MemoryInfo cpu_;
+  bool cache_bound_ = false;
+};
+
+}  // namespace specx

@@ -1,0 +1,55 @@
+// manifest.json as the C library reads it: the fields the speculative loop needs, checked as
+// runtime/artifact/contract.py checks them (docs/artifact-format.md is the format).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace specx {
+
+constexpr int kFormatVersion = 2;  // the newest format this library reads (contract.py's)
+
+struct TensorSpec {
+  std::string name;
+  std::string dtype;  // "int64", "int32", "float32", "float16", "bool"
+  size_t rank = 0;
+};
+
+struct OpLibrary {
+  std::string domain, name, version;
+  int abi = 0;
+};
+
+struct ModelSpec {
+  std::string role, name, graph, architecture, variant, dtype, attention;
+  int num_layers = 0, num_heads = 0, kv_heads = 0, head_dim = 0, hidden_size = 0;
+  int64_t vocab_size = 0, max_length = 0;
+  std::vector<TensorSpec> inputs, outputs;
+  std::vector<OpLibrary> op_libraries;
+  bool has_head = false;  // a feature draft (EAGLE head): not run by this library yet
+  int64_t feature_size = 0;  // a target's `features` output width (0: none)
+  std::string parity_kind;   // parity.kind ("quantized" for an int8/int4 copy of the target)
+  std::vector<std::string> specx_ops;  // the graph's nodes in the specx domain (its kernels)
+
+  bool has_input(const std::string& n) const;
+  bool full_buffer() const { return attention == "gqa" || attention == "batched"; }
+};
+
+struct Manifest {
+  int format_version = 0;
+  std::string pair_id;
+  int64_t max_length = 0;
+  ModelSpec target;
+  std::vector<ModelSpec> drafts;
+  std::vector<int64_t> eos_token_ids;
+  std::string default_drafter;  // "" where the manifest gives none
+  int k_default = 4, k_max = 16;  // the profile's speculation settings, else the runtime's
+
+  const ModelSpec* find_draft(const std::string& name) const;
+};
+
+// Read and check FOLDER/manifest.json; throws Failure (SPECX_ARTIFACT) naming the field.
+Manifest read_manifest(const std::string& folder);
+
+}  // namespace specx

@@ -1,0 +1,59 @@
+#include "model.h"
+
+#include "failure.h"
+
+namespace specx {
+
+Ort::Env& ort_env() {
+  static Ort::Env* env = new Ort::Env(ORT_LOGGING_LEVEL_ERROR, "specx");
+  return *env;
+}
+
+Model::Model(const std::string& folder, const SessionConfig& config)
+    : folder_(folder), config_(config), manifest_(read_manifest(folder)) {
+  for (const ModelSpec& d : manifest_.drafts)
+    if (d.graph != manifest_.target.graph) config_.alternating = true;
+  target_ = std::make_unique<Graph>(ort_env(), folder_, manifest_.target, manifest_.pair_id, config_);
+  for (const ModelSpec& d : manifest_.drafts) drafter_names_.push_back(d.name);
+  drafter_names_.push_back("ngram");
+  for (const ModelSpec& d : manifest_.drafts) drafter_names_.push_back("ngram+" + d.name);
+  drafter_names_.push_back("none");
+  default_drafter_ = !manifest_.default_drafter.empty() ? manifest_.default_drafter
+                     : !manifest_.drafts.empty()        ? manifest_.drafts.front().name
+                                                        : "none";
+  bool known = false;
+  for (const std::string& n : drafter_names_) known = known || n == default_drafter_;
+  if (!known)
+    throw artifact_error("the manifest's default_drafter '" + default_drafter_ +
+                         "' is not a drafter of this artifact");
+}
+
+Graph& Model::draft_graph(const ModelSpec& spec) const {
+  if (spec.graph == manifest_.target.graph) return *target_;  // the target drafting for itself
+  std::lock_guard<std::mutex> hold(drafts_lock_);
+  std::unique_ptr<Graph>& graph = drafts_[spec.graph];
+  if (!graph) graph = std::make_unique<Graph>(ort_env(), folder_, spec, manifest_.pair_id, config_);
+  return *graph;
+}
+
+std::unique_ptr<Drafter> Model::model_drafter(const std::string& name) const {
+  const ModelSpec* spec = manifest_.find_draft(name);
+  if (spec == nullptr) throw invalid("unknown drafter '" + name + "'");
+  if (spec->has_head)
+    throw Failure(SPECX_UNSUPPORTED, "'" + name + "' is a feature draft (an EAGLE head), which "
+                                     "this libspecx does not run yet: use the Python runtime, or "
+                                     "another drafter");
+  return std::make_unique<ModelDrafter>(draft_graph(*spec), manifest_.max_length,
+                                        manifest_.target.vocab_size, manifest_.eos_token_ids);
+}
+
+std::unique_ptr<Drafter> Model::new_drafter(const std::string& name) const {
+  if (name == "none") return nullptr;
+  if (name == "ngram") return std::make_unique<NgramDrafter>(manifest_.eos_token_ids);
+  if (name.rfind("ngram+", 0) == 0)
+    return std::make_unique<HybridDrafter>(std::make_unique<NgramDrafter>(manifest_.eos_token_ids),
+                                           model_drafter(name.substr(6)));
+  return model_drafter(name);
+}
+
+}  // namespace specx

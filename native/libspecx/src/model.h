@@ -1,0 +1,44 @@
+// A loaded artifact: its manifest, the target's graph, and the draft graphs, opened on first
+// use. Read-only to the generations that share it, apart from that one guarded map.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "drafters.h"
+#include "graph.h"
+#include "manifest.h"
+
+namespace specx {
+
+class Model {
+ public:
+  Model(const std::string& folder, const SessionConfig& config);
+
+  const Manifest& manifest() const { return manifest_; }
+  Graph& target() const { return *target_; }
+  const std::vector<std::string>& drafter_names() const { return drafter_names_; }
+  const std::string& default_drafter() const { return default_drafter_; }
+  // The drafter `name` for one generation (nullptr: "none", the target alone).
+  std::unique_ptr<Drafter> new_drafter(const std::string& name) const;
+
+ private:
+  Graph& draft_graph(const ModelSpec& spec) const;
+  std::unique_ptr<Drafter> model_drafter(const std::string& name) const;
+  std::string folder_;
+  SessionConfig config_;
+  Manifest manifest_;
+  std::unique_ptr<Graph> target_;
+  std::vector<std::string> drafter_names_;
+  std::string default_drafter_;
+  mutable std::mutex drafts_lock_;
+  mutable std::map<std::string, std::unique_ptr<Graph>> drafts_;  // by graph file
+};
+
+// The process's one ONNX Runtime environment (created on first use, never destroyed).
+Ort::Env& ort_env();
+
+}  // namespace specx
