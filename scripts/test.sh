@@ -49,5 +49,6 @@ else
   echo "warning: ARM64 (NEON) kernel tests skipped: no cross toolchain and no root to install it" >&2
 fi
 "$ROOT/scripts/build_kernels.sh" --test >/dev/null
+"$ROOT/scripts/build_libspecx.sh" --test >/dev/null  # tests/native drives its builds
 echo "== pytest" >&2
 python -m pytest "$@"

@@ -123,7 +123,9 @@ class Library:
         try:
             self.check(self.lib.specx_model_options_set_threads(options, threads))
             model = ctypes.c_void_p()
-            self.check(self.lib.specx_model_load(str(folder).encode(), options, ctypes.byref(model)))
+            self.check(
+                self.lib.specx_model_load(str(folder).encode(), options, ctypes.byref(model))
+            )
         finally:
             self.lib.specx_model_options_destroy(options)
         return Model(self, model)
@@ -150,7 +152,11 @@ class Model:
         return [self.lib.specx_model_drafter_name(self.handle, i).decode() for i in range(n)]
 
     def generate(
-        self, prompt: list[int], max_new_tokens: int = 32, k: int = K_DEFAULT, drafter: str | None = None
+        self,
+        prompt: list[int],
+        max_new_tokens: int = 32,
+        k: int = K_DEFAULT,
+        drafter: str | None = None,
     ) -> Result:
         lib, check = self.lib, self.owner.check
         params = ctypes.c_void_p()
@@ -161,12 +167,20 @@ class Model:
             check(lib.specx_params_set_k(params, k))
             check(lib.specx_params_set_drafter(params, drafter.encode() if drafter else None))
             ids = (ctypes.c_int64 * len(prompt))(*prompt)
-            check(lib.specx_generation_create(self.handle, ids, len(prompt), params, ctypes.byref(generation)))
+            check(
+                lib.specx_generation_create(
+                    self.handle, ids, len(prompt), params, ctypes.byref(generation)
+                )
+            )
             steps: list[list[int]] = []
             buf = (ctypes.c_int64 * MAX_STEP_TOKENS)()
             n, done = ctypes.c_size_t(), ctypes.c_int()
             while not done.value:
-                check(lib.specx_generation_next(generation, buf, MAX_STEP_TOKENS, ctypes.byref(n), ctypes.byref(done)))
+                check(
+                    lib.specx_generation_next(
+                        generation, buf, MAX_STEP_TOKENS, ctypes.byref(n), ctypes.byref(done)
+                    )
+                )
                 if n.value:
                     steps.append(list(buf[: n.value]))
             stats = Stats()
