@@ -42,6 +42,54 @@ def export_target_alone(source: Path, out: Path, **options: Any) -> Any:
     )
 
 
+def smollm2_gguf() -> Path | None:
+    """SmolLM2's GGUF file where the test command fetched it (SPECX_SMOLLM2_GGUF)."""
+    path = Path(os.environ.get("SPECX_SMOLLM2_GGUF", "") or "/nonexistent")
+    return path if path.is_file() else None
+
+
+def qwen_sources() -> tuple[str, str, str] | None:
+    """(target GGUF, draft GGUF, a reusable export or "") of the Qwen pair, where the test command
+    fetched it and SPECX_SKIP_QWEN is unset."""
+    target = os.environ.get("SPECX_QWEN_TARGET", "")
+    draft = os.environ.get("SPECX_QWEN_DRAFT", "")
+    reuse = os.environ.get("SPECX_QWEN_ARTIFACT", "")
+    if os.environ.get("SPECX_SKIP_QWEN"):
+        return None
+    if not (Path(reuse, "manifest.json").is_file() or Path(target).is_file()):
+        return None
+    return target, draft, reuse
+
+
+@pytest.fixture(scope="session")
+def smollm2_artifact(tmp_path_factory: Any) -> Path:
+    """SmolLM2 exported with its int8 draft and n-gram lookup, once per test session."""
+    from specx.exporter import ExportOptions, export_pair
+
+    gguf = smollm2_gguf()
+    if gguf is None:
+        pytest.skip("SPECX_SMOLLM2_GGUF is not set")
+    out = tmp_path_factory.mktemp("smollm2") / "artifact"
+    export_pair(str(gguf), ["int8", "ngram"], out, ExportOptions(max_length=512), log=print)
+    return out
+
+
+@pytest.fixture(scope="session")
+def qwen_artifact(tmp_path_factory: Any) -> Path:
+    """The Qwen pair exported int4 (the 0.5B drafting for the 1.5B), once per test session."""
+    from specx.exporter import ExportOptions, export_pair
+
+    sources = qwen_sources()
+    if sources is None:
+        pytest.skip("SPECX_SKIP_QWEN is set, or no Qwen pair (SPECX_QWEN_TARGET/DRAFT)")
+    target, draft, reuse = sources
+    if reuse:
+        return Path(reuse)
+    out = tmp_path_factory.mktemp("qwen") / "artifact"
+    export_pair(target, [draft], out, ExportOptions(max_length=1024, precision="int4"), log=print)
+    return out
+
+
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     import onnxruntime as ort
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -40,14 +39,8 @@ PROMPTS = (
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: Any) -> Path:
-    if Path(ARTIFACT, "manifest.json").is_file():
-        return Path(ARTIFACT)
-    from specx.exporter import ExportOptions, export_pair
-
-    out = tmp_path_factory.mktemp("qwen") / "artifact"
-    export_pair(TARGET, [DRAFT], out, ExportOptions(max_length=1024, precision="int4"), log=print)
-    return out
+def pair(qwen_artifact: Path) -> Path:
+    return qwen_artifact
 
 
 def test_the_int4_target_carries_every_gguf_tensor_and_its_passes_agree(pair: Path) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -28,12 +27,8 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory: Any) -> Path:
-    from specx.exporter import ExportOptions, export_pair
-
-    out = tmp_path_factory.mktemp("smollm2") / "artifact"
-    export_pair(GGUF, ["int8", "ngram"], out, ExportOptions(max_length=512), log=print)
-    return out
+def smollm2(smollm2_artifact: Path) -> Path:
+    return smollm2_artifact
 
 
 def test_smollm2_exports_with_tight_parity_and_a_useful_int8_draft(smollm2: Path) -> None:

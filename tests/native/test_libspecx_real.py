@@ -1,0 +1,56 @@
+"""libspecx on the real models: SmolLM2 (fp32 target, int8 draft, n-gram) and the Qwen2.5-Coder
+int4 pair on the specx kernels (the manifest names the kernels library; libspecx registers the
+one beside it). Greedy C ids equal the Python runtime's, pass for pass, for each drafter and K.
+Runs where the test command fetched the models (scripts/test.sh)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from libspecx_tools import Library, library_path
+
+from conftest import needs_exporter
+from specx.runtime import Pipeline
+
+pytestmark = [needs_exporter, pytest.mark.slow]
+PROMPTS = (
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Explain in two sentences what a hash map is.",
+)
+
+
+def assert_same_as_python(artifact: Path, runs: list[tuple[str, int]], new_tokens: int) -> None:
+    if not library_path().is_file():
+        pytest.skip("libspecx is not built (scripts/build_libspecx.sh)")
+    model = Library().load(artifact)
+    pipeline = Pipeline.load(artifact)
+    try:
+        for text in PROMPTS:
+            prompt = pipeline.encode_prompt(text, chat=True).tolist()
+            for name, k in runs:
+                got = model.generate(prompt, new_tokens, k, name)
+                want = pipeline.generate(prompt, k=k, drafter=name, max_new_tokens=new_tokens)
+                where = f"{name}, K={k}: {text!r}"
+                assert got.tokens == want.token_ids, where
+                assert got.stats["target_passes"] == want.stats.target_passes, where
+                assert got.stats["accepted"] == want.stats.accepted, where
+                if k:
+                    assert got.stats["accepted"] > 0, where  # the drafts are useful, not ignored
+    finally:
+        model.close()
+
+
+def test_c_equals_python_on_smollm2(smollm2_artifact: Path) -> None:
+    runs = [("none", 0), ("int8", 1), ("int8", 4), ("ngram", 4), ("ngram+int8", 4)]
+    assert_same_as_python(smollm2_artifact, runs, 48)
+
+
+def test_c_equals_python_on_the_qwen_int4_pair_on_the_specx_kernels(qwen_artifact: Path) -> None:
+    import json
+
+    manifest = json.loads((qwen_artifact / "manifest.json").read_text())
+    assert manifest["target"].get("op_libraries"), "the pair runs on the specx kernels"
+    draft = manifest["drafts"][0]["name"]
+    runs = [("none", 0), (draft, 1), (draft, 4), ("ngram", 4)]
+    assert_same_as_python(qwen_artifact, runs, 32)
