@@ -46,6 +46,7 @@ class Stats(ctypes.Structure):
         ("tokens_per_s", ctypes.c_double),
         ("decode_tokens_per_s", ctypes.c_double),
         ("k", ctypes.c_int),
+        ("adaptive", ctypes.c_int),
         ("drafter", ctypes.c_char_p),
         ("stop_reason", ctypes.c_char_p),
     ]
@@ -90,6 +91,7 @@ def _declare(lib: Any) -> None:
         "specx_params_set_max_new_tokens": (vp, [vp, i64]),
         "specx_params_set_k": (vp, [vp, ctypes.c_int]),
         "specx_params_set_drafter": (vp, [vp, ctypes.c_char_p]),
+        "specx_params_set_max_k": (vp, [vp, ctypes.c_int]),
         "specx_generation_create": (vp, [vp, ctypes.POINTER(i64), sz, vp, pp]),
         "specx_generation_destroy": (None, [vp]),
         "specx_generation_next": (

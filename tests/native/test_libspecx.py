@@ -67,18 +67,25 @@ def prompts(vocab: int, lengths: tuple[int, ...] = (1, 7, 30)) -> list[list[int]
 
 
 def assert_same_as_python(lib: Library, artifact: Path, new_tokens: int = 24) -> None:
-    """Every drafter, K 0, 1 and 4: C ids == Python ids, and the same passes and acceptance."""
+    """Every drafter, K 0, 1 and 4: C ids == Python ids, and the same passes and acceptance;
+    K auto (whose K follows measured times): the same ids."""
     model = lib.load(artifact)
     pipeline = Pipeline.load(artifact)
     try:
         assert model.drafters == pipeline.drafter_names
         for prompt in prompts(model.vocab_size):
             for name in model.drafters:
-                for k in [0] if name == "none" else [1, 4]:
+                for k in [0] if name == "none" else [1, 4, K_AUTO]:
                     got = model.generate(prompt, new_tokens, k, name)
-                    want = pipeline.generate(prompt, k=k, drafter=name, max_new_tokens=new_tokens)
-                    where = f"{artifact.name}, {name}, K={k}, prompt of {len(prompt)}"
+                    py_k = "auto" if k == K_AUTO else k
+                    want = pipeline.generate(
+                        prompt, k=py_k, drafter=name, max_new_tokens=new_tokens
+                    )
+                    where = f"{artifact.name}, {name}, K={py_k}, prompt of {len(prompt)}"
                     assert got.tokens == want.token_ids, where
+                    if k == K_AUTO:
+                        assert got.stats["adaptive"] == 1 and got.stats["k"] == 8, where
+                        continue
                     stats = want.stats
                     assert got.stats["target_passes"] == stats.target_passes, where
                     assert got.stats["draft_passes"] == stats.draft_passes, where
@@ -194,11 +201,13 @@ def _target_graph(folder: Path) -> Path:
     return folder / json.loads((folder / "manifest.json").read_text())["target"]["graph"]
 
 
-def test_settings_the_library_lacks_are_refused_by_name(lib: Library, llama_pair: Any) -> None:
+def test_bad_settings_are_refused_by_name(lib: Library, llama_pair: Any) -> None:
     model = lib.load(llama_pair.artifact)
     with pytest.raises(SpecxError) as caught:
-        model.generate([1, 2, 3], 8, K_AUTO, "ngram")
-    assert caught.value.code == UNSUPPORTED and "K auto" in caught.value.message
+        model.generate([1, 2, 3], 8, K_AUTO, "none")
+    assert (
+        caught.value.code == INVALID_ARGUMENT and "K auto needs a drafter" in caught.value.message
+    )
     with pytest.raises(SpecxError) as caught:
         model.generate([1, 2, 3], 8, 17, "ngram")
     assert caught.value.code == INVALID_ARGUMENT

@@ -105,6 +105,8 @@ SPECX_API void specx_params_destroy(specx_params* params);
 SPECX_API specx_status* specx_params_set_max_new_tokens(specx_params* params, int64_t n);
 /* 0..SPECX_MAX_K, SPECX_K_DEFAULT or SPECX_K_AUTO */
 SPECX_API specx_status* specx_params_set_k(specx_params* params, int k);
+/* the most K that SPECX_K_AUTO may choose, 1..SPECX_MAX_K (default 8; the profile's k_max caps it) */
+SPECX_API specx_status* specx_params_set_max_k(specx_params* params, int max_k);
 /* a name from specx_model_drafter_name, or NULL for the artifact's default */
 SPECX_API specx_status* specx_params_set_drafter(specx_params* params, const char* name);
 /* ids that end the generation besides the manifest's end tokens (emitted, then it stops) */
@@ -146,7 +148,8 @@ typedef struct specx_stats {
   double decode_s;
   double tokens_per_s;     /* new tokens / (prefill + decode) */
   double decode_tokens_per_s;
-  int k;                   /* the K asked for (0: target alone) */
+  int k;                   /* the K asked for (0: target alone; K auto: its most) */
+  int adaptive;            /* 1: K chosen before every step (SPECX_K_AUTO) */
   const char* drafter;     /* the drafter's name ("none": the target alone) */
   const char* stop_reason; /* "" (running), eos, stop_id, max_new_tokens, max_length,
                               cancelled, error (a step failed: the generation is over) */

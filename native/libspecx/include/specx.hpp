@@ -90,6 +90,7 @@ class Params {
   Params() { check(specx_params_create(&raw_)); holder_.reset(raw_); }
   Params& max_new_tokens(int64_t n) { check(specx_params_set_max_new_tokens(raw_, n)); return *this; }
   Params& k(int k) { check(specx_params_set_k(raw_, k)); return *this; }
+  Params& max_k(int k) { check(specx_params_set_max_k(raw_, k)); return *this; }
   Params& drafter(const std::string& name) {
     check(specx_params_set_drafter(raw_, name.c_str()));
     return *this;

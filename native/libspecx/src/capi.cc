@@ -213,6 +213,15 @@ specx_status* specx_params_set_k(specx_params* params, int k) {
   return nullptr;
 }
 
+specx_status* specx_params_set_max_k(specx_params* params, int max_k) {
+  if (params == nullptr) return null_argument("params");
+  if (max_k < 1 || max_k > SPECX_MAX_K)
+    return make_status(SPECX_INVALID_ARGUMENT, "max K must be in 1.." + std::to_string(SPECX_MAX_K) +
+                                                   ", got " + std::to_string(max_k));
+  params->settings.max_k = max_k;
+  return nullptr;
+}
+
 specx_status* specx_params_set_drafter(specx_params* params, const char* name) {
   if (params == nullptr) return null_argument("params");
   params->settings.drafter = name == nullptr ? "" : name;

@@ -16,6 +16,15 @@ int64_t argmax(const float* row, int64_t n) {
   return best;
 }
 
+double top_probability(const float* row, int64_t n, int64_t token) {
+  double sum = 0.0;
+  const double top = row[token];
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(double(row[i]) - top);
+  return 1.0 / sum;
+}
+
+bool is_lookup(const std::string& source) { return source.rfind("lookup", 0) == 0; }
+
 static bool contains(const std::vector<int64_t>& ids, int64_t token) {
   return std::find(ids.begin(), ids.end(), token) != ids.end();
 }
@@ -41,7 +50,7 @@ void ModelDrafter::start(const int64_t* prompt, int64_t n) {
   if (n > 1) feed(prompt, n - 1);
 }
 
-Proposal ModelDrafter::propose(const int64_t* context, int64_t n, int k) {
+Proposal ModelDrafter::propose(const int64_t* context, int64_t n, int k, const DraftPlan& plan) {
   context_len_ = n;
   fed_from_proposal_ = 0;
   Proposal p;
@@ -50,10 +59,15 @@ Proposal ModelDrafter::propose(const int64_t* context, int64_t n, int k) {
   const float* logits = feed(context + runner_.length(), pending);
   p.catchup = pending;
   p.model_passes = 1;
+  const bool want_top = bool(plan);  // confidences for the plan and -k auto's estimates
   for (int i = 0; i < k; ++i) {
-    int64_t token = argmax(logits, shared_vocab_);
+    const int64_t token = argmax(logits, shared_vocab_);
+    const double top = want_top ? top_probability(logits, shared_vocab_, token) : 1.0;
+    const auto [take, more] = plan ? plan(i, top) : std::make_pair(true, true);
+    if (!take) break;
     p.tokens.push_back(token);
-    if (i >= k - 1 || contains(eos_, token)) break;
+    if (want_top) p.confidence.push_back(top);
+    if (!more || i >= k - 1 || contains(eos_, token)) break;
     logits = feed(&token, 1);
     ++p.model_passes;
     ++fed_from_proposal_;
@@ -131,7 +145,7 @@ std::string NgramDrafter::source(const int64_t* context, int64_t n) {
   return continuation(context, n).empty() ? "none" : "lookup" + std::to_string(matched_);
 }
 
-Proposal NgramDrafter::propose(const int64_t* context, int64_t n, int k) {
+Proposal NgramDrafter::propose(const int64_t* context, int64_t n, int k, const DraftPlan&) {
   Proposal p;
   const std::vector<int64_t>& found = continuation(context, n);
   if (k > 0) p.tokens.assign(found.begin(), found.begin() + std::min<int64_t>(k, int64_t(found.size())));
@@ -150,13 +164,13 @@ std::string HybridDrafter::source(const int64_t* context, int64_t n) {
   return matched ? lookup_->source(context, n) : "model";
 }
 
-Proposal HybridDrafter::propose(const int64_t* context, int64_t n, int k) {
+Proposal HybridDrafter::propose(const int64_t* context, int64_t n, int k, const DraftPlan& plan) {
   used_model_ = source(context, n) == "model";
   if (used_model_) {
     lookup_->forget();
-    return model_->propose(context, n, k);
+    return model_->propose(context, n, k, plan);
   }
-  return lookup_->propose(context, n, k);
+  return lookup_->propose(context, n, k, DraftPlan());
 }
 
 void HybridDrafter::commit(int accepted) {

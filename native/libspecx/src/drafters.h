@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "adaptive.h"
 #include "graph.h"
 
 namespace specx {
@@ -23,10 +24,13 @@ struct Proposal {
   std::vector<int64_t> tokens;
   int64_t catchup = 0;       // committed tokens the drafter fed before drafting
   int64_t model_passes = 0;  // draft-model passes it cost
+  std::vector<double> confidence;  // [n] the draft's top probability per token, where asked
 };
 
 // The first index of the largest value (numpy's argmax: the first NaN wins where there is one).
 int64_t argmax(const float* row, int64_t n);
+// The softmax of a logits row at `token` (a draft's confidence in its argmax).
+double top_probability(const float* row, int64_t n, int64_t token);
 
 class Drafter {
  public:
@@ -34,16 +38,19 @@ class Drafter {
   virtual void start(const int64_t* prompt, int64_t n) = 0;
   // where the next proposal comes from: "model", "lookupN" (after an N-token match) or "none"
   virtual std::string source(const int64_t* context, int64_t n) = 0;
-  virtual Proposal propose(const int64_t* context, int64_t n, int k) = 0;
+  // up to k tokens; a drafter that knows its confidence asks `plan` (may be empty) after each
+  virtual Proposal propose(const int64_t* context, int64_t n, int k, const DraftPlan& plan) = 0;
   virtual void commit(int accepted) = 0;
 };
+
+bool is_lookup(const std::string& source);
 
 class ModelDrafter : public Drafter {
  public:
   ModelDrafter(Graph& graph, int64_t capacity, int64_t target_vocab, std::vector<int64_t> eos);
   void start(const int64_t* prompt, int64_t n) override;
   std::string source(const int64_t*, int64_t) override { return "model"; }
-  Proposal propose(const int64_t* context, int64_t n, int k) override;
+  Proposal propose(const int64_t* context, int64_t n, int k, const DraftPlan& plan) override;
   void commit(int accepted) override;
 
  private:
@@ -60,7 +67,7 @@ class NgramDrafter : public Drafter {
   explicit NgramDrafter(std::vector<int64_t> eos, int max_ngram = 3, int min_ngram = 1);
   void start(const int64_t* prompt, int64_t n) override;
   std::string source(const int64_t* context, int64_t n) override;
-  Proposal propose(const int64_t* context, int64_t n, int k) override;
+  Proposal propose(const int64_t* context, int64_t n, int k, const DraftPlan& plan) override;
   void commit(int) override {}
   // the continuation found for this context (searched once per context length)
   const std::vector<int64_t>& continuation(const int64_t* context, int64_t n);
@@ -91,7 +98,7 @@ class HybridDrafter : public Drafter {
       : lookup_(std::move(lookup)), model_(std::move(model)) {}
   void start(const int64_t* prompt, int64_t n) override;
   std::string source(const int64_t* context, int64_t n) override;
-  Proposal propose(const int64_t* context, int64_t n, int k) override;
+  Proposal propose(const int64_t* context, int64_t n, int k, const DraftPlan& plan) override;
   void commit(int accepted) override;
 
  private:

@@ -71,9 +71,17 @@ void Generation::resolve(const Settings& s) {
     throw invalid("unknown drafter '" + name + "'", "choose one of: " + all);
   }
   int k = s.k;
-  if (k == SPECX_K_AUTO)
-    throw Failure(SPECX_UNSUPPORTED, "K auto is not in this libspecx yet: pass a K in 0.." +
-                                         std::to_string(SPECX_MAX_K));
+  if (k == SPECX_K_AUTO) {
+    if (name == "none") throw invalid("K auto needs a drafter", "name one, e.g. ngram");
+    if (s.max_k < 1 || s.max_k > SPECX_MAX_K)
+      throw invalid("max K must be in 1.." + std::to_string(SPECX_MAX_K) + ", got " + std::to_string(s.max_k));
+    k_ = std::min(s.max_k, m.k_max);
+    policy_ = std::make_unique<AdaptiveK>(k_);
+    if (std::unique_ptr<AdaptiveK> previous = model_.learned_policy(name)) policy_->inherit(*previous);
+    drafter_name_ = name;
+    drafter_ = model_.new_drafter(name);
+    return;
+  }
   if (k == SPECX_K_DEFAULT) k = name == "none" ? 0 : m.k_default;
   if (k < 0 || k > SPECX_MAX_K)
     throw invalid("K must be in 0.." + std::to_string(SPECX_MAX_K) + ", got " + std::to_string(k),
@@ -120,26 +128,46 @@ std::vector<int64_t> Generation::next() {
   }
 }
 
+Generation::~Generation() {
+  if (policy_) model_.remember_policy(drafter_name_, *policy_);
+}
+
+// One step: propose, verify, accept, commit.
 std::vector<int64_t> Generation::step() {
   const int64_t* context = context_.data();
-  if (drafter_) drafter_->source(context, n_context_);
+  const std::string source = drafter_ ? drafter_->source(context, n_context_) : "none";
+  auto [wanted, plan] = policy_ ? policy_->decide(source) : std::make_pair(k_, DraftPlan());
   const int64_t room = target_.capacity() - target_.length() - 1;
   const int64_t left = settings_.max_new_tokens - stats_.new_tokens;
-  const int k = int(std::max<int64_t>(0, std::min<int64_t>({room, left - 1, int64_t(k_)})));
+  const int64_t limit = std::max<int64_t>(0, std::min<int64_t>({room, left - 1, int64_t(k_)}));
+  const int k = int(std::max<int64_t>(0, std::min<int64_t>(wanted, limit)));
   double t0 = now();
   Proposal proposal;
-  if (drafter_ && k > 0) proposal = drafter_->propose(context, n_context_, k);
-  stats_.draft_s += now() - t0;
+  if (drafter_ && k > 0) proposal = drafter_->propose(context, n_context_, k, plan);
+  const double draft_s = now() - t0;
+  // what a lookup would have offered at a step that drafts nothing (sequence.lookup_guess)
+  int64_t guess = -1;
+  if (proposal.tokens.empty() && drafter_ && is_lookup(source)) {
+    Proposal offer = drafter_->propose(context, n_context_, 1, DraftPlan());
+    if (!offer.tokens.empty()) guess = offer.tokens.front();
+  }
   std::vector<int64_t> input{context_[size_t(n_context_ - 1)]};  // [n + 1]
   input.insert(input.end(), proposal.tokens.begin(), proposal.tokens.end());
   const int64_t committed = target_.length();
   t0 = now();
   const float* logits = target_.forward(input.data(), int64_t(input.size()));  // [n + 1, vocab]
+  const double verify_s = now() - t0;
   auto [accepted, next_token] = verify_greedy(proposal.tokens, logits, target_.vocab_size());
-  stats_.verify_s += now() - t0;
   target_.truncate(committed + 1 + accepted);  // the last committed token and the accepted drafts
   if (drafter_ && k > 0) drafter_->commit(accepted);
   const int proposed = int(proposal.tokens.size());
+  if (policy_) {
+    StepResult result{source, proposed, accepted, draft_s, verify_s, proposal.catchup,
+                      proposal.confidence, guess < 0 ? -1 : int(guess == next_token)};
+    policy_->observe(result);
+  }
+  stats_.draft_s += draft_s;
+  stats_.verify_s += verify_s;
   stats_.target_passes += 1;
   stats_.draft_passes += proposal.model_passes;
   stats_.proposed += proposed;
@@ -185,6 +213,7 @@ specx_stats Generation::stats() const {
   const double total = s.prefill_s + s.decode_s;
   s.tokens_per_s = total > 0 ? double(s.new_tokens) / total : 0.0;
   s.decode_tokens_per_s = s.decode_s > 0 ? double(s.new_tokens) / s.decode_s : 0.0;
+  s.adaptive = policy_ ? 1 : 0;
   s.drafter = drafter_name_.c_str();
   s.stop_reason = stop_reason_.c_str();
   return s;

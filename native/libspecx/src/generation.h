@@ -20,6 +20,7 @@ namespace specx {
 struct Settings {
   int64_t max_new_tokens = 128;
   int k = SPECX_K_DEFAULT;
+  int max_k = 8;  // the most K auto may choose
   std::string drafter;  // "": the artifact's default
   std::vector<int64_t> stop_ids;
   float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
@@ -35,6 +36,7 @@ std::pair<int, int64_t> verify_greedy(const std::vector<int64_t>& draft, const f
 class Generation {
  public:
   Generation(const Model& model, const int64_t* prompt, size_t n, const Settings& settings);
+  ~Generation();
   // One step (the first also runs the prompt): the tokens it commits; empty once done.
   std::vector<int64_t> next();
   void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
@@ -50,7 +52,8 @@ class Generation {
 
   const Model& model_;
   Settings settings_;
-  int k_ = 0;
+  int k_ = 0;  // a fixed K, or K auto's most
+  std::unique_ptr<AdaptiveK> policy_;  // K auto (nullptr: a fixed K)
   std::string drafter_name_;
   std::unique_ptr<Drafter> drafter_;
   Runner target_;

@@ -47,6 +47,18 @@ std::unique_ptr<Drafter> Model::model_drafter(const std::string& name) const {
                                         manifest_.target.vocab_size, manifest_.eos_token_ids);
 }
 
+void Model::remember_policy(const std::string& drafter, const AdaptiveK& policy) const {
+  if (!policy.used()) return;
+  std::lock_guard<std::mutex> hold(learned_lock_);
+  learned_.insert_or_assign(drafter, policy);
+}
+
+std::unique_ptr<AdaptiveK> Model::learned_policy(const std::string& drafter) const {
+  std::lock_guard<std::mutex> hold(learned_lock_);
+  auto it = learned_.find(drafter);
+  return it == learned_.end() ? nullptr : std::make_unique<AdaptiveK>(it->second);
+}
+
 std::unique_ptr<Drafter> Model::new_drafter(const std::string& name) const {
   if (name == "none") return nullptr;
   if (name == "ngram") return std::make_unique<NgramDrafter>(manifest_.eos_token_ids);

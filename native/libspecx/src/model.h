@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "adaptive.h"
 #include "drafters.h"
 #include "graph.h"
 #include "manifest.h"
@@ -24,6 +25,10 @@ class Model {
   const std::string& default_drafter() const { return default_drafter_; }
   // The drafter `name` for one generation (nullptr: "none", the target alone).
   std::unique_ptr<Drafter> new_drafter(const std::string& name) const;
+  // What -k auto learned with a drafter, kept for the model's next generations with it
+  // (pipeline.py's remember_policy / learned_policy).
+  void remember_policy(const std::string& drafter, const AdaptiveK& policy) const;
+  std::unique_ptr<AdaptiveK> learned_policy(const std::string& drafter) const;
 
  private:
   Graph& draft_graph(const ModelSpec& spec) const;
@@ -36,6 +41,8 @@ class Model {
   std::string default_drafter_;
   mutable std::mutex drafts_lock_;
   mutable std::map<std::string, std::unique_ptr<Graph>> drafts_;  // by graph file
+  mutable std::mutex learned_lock_;
+  mutable std::map<std::string, AdaptiveK> learned_;
 };
 
 // The process's one ONNX Runtime environment (created on first use, never destroyed).

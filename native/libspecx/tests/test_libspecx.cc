@@ -97,10 +97,11 @@ void errors(const std::string& artifact) {
          "drafter none, K 3");
   expect_status(specx_generation_create(model, ids.data(), ids.size(), params, &gen), SPECX_INVALID_ARGUMENT,
                 "needs a drafter", "K > 0 with no drafter");
-  expect(specx_params_set_drafter(params, "ngram") == nullptr && specx_params_set_k(params, SPECX_K_AUTO) == nullptr,
-         "ngram, K auto");
-  expect_status(specx_generation_create(model, ids.data(), ids.size(), params, &gen), SPECX_UNSUPPORTED,
-                "K auto", "K auto, said to be missing");
+  expect(specx_params_set_k(params, SPECX_K_AUTO) == nullptr, "drafter none, K auto");
+  expect_status(specx_generation_create(model, ids.data(), ids.size(), params, &gen), SPECX_INVALID_ARGUMENT,
+                "K auto needs a drafter", "K auto with no drafter");
+  expect_status(specx_params_set_max_k(params, 0), SPECX_INVALID_ARGUMENT, "max K", "max K 0");
+  expect(specx_params_set_drafter(params, "ngram") == nullptr, "drafter ngram");
   expect(specx_params_set_k(params, 2) == nullptr && specx_params_set_sampling(params, 0.7f, 0, 1.0f, 0.0f, 1) == nullptr,
          "sampling at temperature 0.7");
   expect_status(specx_generation_create(model, ids.data(), ids.size(), params, &gen), SPECX_UNSUPPORTED,
@@ -142,15 +143,17 @@ void wrapper(const std::string& artifact) {
   expect(!reference.empty() && reference.size() <= 24, "the target alone generates");
   for (const std::string& name : names) {
     if (name == "none") continue;
-    for (int k : {1, 4}) {
+    for (int k : {1, 4, SPECX_K_AUTO}) {
       specx::Params params;
       params.max_new_tokens(24).k(k).drafter(name);
       specx::Generation gen(model, prompt, params);
       std::vector<int64_t> got = gen.run();
       specx_stats s = gen.stats();
-      expect(got == reference, "greedy with " + name + ", K " + std::to_string(k) + " equals the target alone");
+      const std::string k_name = k == SPECX_K_AUTO ? "auto" : std::to_string(k);
+      expect(got == reference, "greedy with " + name + ", K " + k_name + " equals the target alone");
       expect(s.new_tokens == int64_t(got.size()) && s.target_passes <= s.new_tokens &&
-                 s.accepted <= s.proposed && std::string(s.drafter) == name && s.k == k,
+                 s.accepted <= s.proposed && std::string(s.drafter) == name &&
+                 (k == SPECX_K_AUTO ? s.adaptive == 1 && s.k == 8 : s.k == k),
              "its stats add up (" + std::to_string(s.accepted) + " of " + std::to_string(s.proposed) + " accepted)");
     }
   }

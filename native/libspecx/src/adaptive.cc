@@ -1,0 +1,251 @@
+#include "adaptive.h"
+
+#include <algorithm>
+#include <iterator>
+#include <memory>
+
+namespace specx {
+namespace {
+
+constexpr int kProbeMost = 64;  // the longest run of K = 0 steps between probes
+constexpr double kHold = 0.95;  // keep K = 1 while it is expected within this share of K = 0's
+const double kConfidenceEdges[] = {0.3, 0.5, 0.7, 0.9, 0.97};
+const double kConfidencePrior[] = {0.35, 0.6, 0.8, 0.9, 0.95, 0.98};
+
+size_t bucket(double top) {  // bisect_right over the edges
+  return size_t(std::upper_bound(std::begin(kConfidenceEdges), std::end(kConfidenceEdges), top) -
+                std::begin(kConfidenceEdges));
+}
+
+}  // namespace
+
+SourceEstimate::SourceEstimate(int k)
+    : max_k(k),
+      reached(size_t(k), 0.0),
+      accepted(size_t(k), 0.0),
+      draft_by_k(size_t(k) + 1, {0.0, 0.0}),
+      confidence_reached(6, 0.0),
+      confidence_accepted(6, 0.0) {}
+
+double SourceEstimate::draft_cost(int k, double prior) const {
+  const double per_token = k * draft_pass_s;
+  if (k >= int(draft_by_k.size())) return per_token;
+  const auto [n, total] = draft_by_k[size_t(k)];
+  return (total + prior * per_token) / (n + prior);
+}
+
+SourceEstimate SourceEstimate::scaled(int k, double keep) const {
+  SourceEstimate out(k);
+  for (int i = 0; i < k && i < int(reached.size()); ++i) {
+    out.reached[size_t(i)] = keep * reached[size_t(i)];
+    out.accepted[size_t(i)] = keep * accepted[size_t(i)];
+  }
+  out.draft_pass_s = draft_pass_s;
+  out.draft_seen = draft_seen;
+  for (int i = 0; i <= k && i < int(draft_by_k.size()); ++i)
+    out.draft_by_k[size_t(i)] = {keep * draft_by_k[size_t(i)].first, keep * draft_by_k[size_t(i)].second};
+  for (size_t b = 0; b < 6; ++b) {
+    out.confidence_reached[b] = keep * confidence_reached[b];
+    out.confidence_accepted[b] = keep * confidence_accepted[b];
+  }
+  out.confidence_seen = confidence_seen;
+  out.steps = steps ? 1 : 0;
+  out.zero_streak = zero_streak;  // the probes' rhythm goes on: short generations still probe
+  out.probe_after = probe_after;
+  return out;
+}
+
+double SourceEstimate::accept_given_confidence(double top, double prior_weight) const {
+  const size_t b = bucket(top);
+  return (confidence_accepted[b] + prior_weight * kConfidencePrior[b]) /
+         (confidence_reached[b] + prior_weight);
+}
+
+AdaptiveK::AdaptiveK(int max_k)
+    : max_k_(max_k), fit_(5, 0.0), by_width_(size_t(max_k) + 2, {0.0, 0.0}) {}
+
+SourceEstimate& AdaptiveK::estimate(const std::string& source) {
+  auto it = sources_.find(source);
+  if (it == sources_.end()) it = sources_.emplace(source, SourceEstimate(max_k_)).first;
+  return it->second;
+}
+
+void AdaptiveK::inherit(const AdaptiveK& previous, double keep) {
+  sources_.clear();
+  for (const auto& [name, est] : previous.sources_) sources_.emplace(name, est.scaled(max_k_, keep));
+  for (size_t i = 0; i < fit_.size(); ++i) fit_[i] = keep * previous.fit_[i];
+  has_token_s_ = previous.has_token_s_;
+  token_s_ = previous.token_s_;
+  for (size_t w = 0; w < by_width_.size(); ++w)
+    by_width_[w] = w < previous.by_width_.size()
+                       ? std::make_pair(keep * previous.by_width_[w].first, keep * previous.by_width_[w].second)
+                       : std::make_pair(0.0, 0.0);
+}
+
+std::vector<double> AdaptiveK::acceptances(const std::string& source) {
+  const SourceEstimate& est = estimate(source);
+  std::vector<double> out;
+  double p = prior_accept_;
+  for (size_t i = 0; i < est.reached.size(); ++i) {
+    p = (est.accepted[i] + prior_weight_ * p) / (est.reached[i] + prior_weight_);
+    out.push_back(p);
+  }
+  return out;
+}
+
+double AdaptiveK::verify_line_s(int width) const {
+  const double n = fit_[0], sw = fit_[1], st = fit_[2], sww = fit_[3], swt = fit_[4];
+  if (n < 1e-9) return 1.0;
+  const double mean_w = sw / n, mean_t = st / n;
+  const double var = sww / n - mean_w * mean_w;
+  // without spread in the widths seen yet: 5% more per extra token (memory-bound passes)
+  const double slope = var > 0.25 ? (swt / n - mean_w * mean_t) / var : 0.05 * mean_t / mean_w;
+  return std::max(1e-6, mean_t + std::max(0.0, slope) * (width - mean_w));
+}
+
+double AdaptiveK::verify_s(int width) const {
+  const double line = verify_line_s(width);
+  if (width >= int(by_width_.size())) return line;
+  const auto [n, total] = by_width_[size_t(width)];
+  return (total + width_prior_ * line) / (n + width_prior_);
+}
+
+std::vector<double> AdaptiveK::expected_rates(const std::string& source) {
+  std::vector<double> tokens{1.0};
+  double chain = 1.0;
+  for (double p : acceptances(source)) {
+    chain *= p;
+    tokens.push_back(tokens.back() + chain);
+  }
+  const SourceEstimate& est = estimate(source);
+  std::vector<double> rates;
+  for (int k = 0; k <= max_k_; ++k)
+    rates.push_back(tokens[size_t(k)] / (est.draft_cost(k, width_prior_) + verify_s(k + 1)));
+  return rates;
+}
+
+std::pair<int, DraftPlan> AdaptiveK::decide(const std::string& source) {
+  const int k = choose_k(source);
+  history_.push_back(k);
+  return {k, k > 0 ? plan(source) : DraftPlan()};
+}
+
+int AdaptiveK::choose_k(const std::string& source) {
+  if (source == "none") return 0;  // the drafter has nothing to offer
+  SourceEstimate& est = estimate(source);
+  int k;
+  if (est.steps == 0) {
+    k = start_k_;
+  } else if (est.zero_streak >= std::max(probe_every_, est.probe_after)) {
+    k = std::min(2, max_k_);  // a probe: has the drafter started to agree again?
+    est.probing = true;
+  } else {
+    const std::vector<double> rates = expected_rates(source);
+    k = int(std::max_element(rates.begin(), rates.end()) - rates.begin());  // the first best
+    if (k == 0 && rates[1] >= kHold * rates[0]) k = 1;  // an idle drafter must catch up later
+    if (est.steps % explore_every_ == 0 && k > 0) k = std::min(max_k_, k + 1);
+    if (k > 0 && est.confidence_seen && has_token_s_) k = max_k_;  // the plan decides
+    if (est.probing) {
+      est.probing = false;
+      est.probe_after = k == 0 ? std::min(kProbeMost, 2 * std::max(probe_every_, est.probe_after))
+                               : probe_every_;
+    }
+  }
+  return k;
+}
+
+DraftPlan AdaptiveK::plan(const std::string& source) {
+  SourceEstimate* est = &estimate(source);
+  if (!est->confidence_seen || !has_token_s_)
+    return [](int, double) { return std::make_pair(true, true); };  // report confidences
+  const double token_s = token_s_;
+  auto chain = std::make_shared<double>(1.0);
+  return [this, est, token_s, chain](int position, double top) {
+    if (position == 0) *chain = 1.0;
+    const double accept = est->accept_given_confidence(top, prior_weight_);
+    *chain *= accept;
+    const double gain_s = *chain * token_s;  // the time this token is expected to save
+    const double widen = verify_s(position + 2) - verify_s(position + 1);
+    if (gain_s < widen) return std::make_pair(false, false);
+    if (position + 1 >= max_k_) return std::make_pair(true, false);
+    const double widen_next = verify_s(position + 3) - verify_s(position + 2);
+    return std::make_pair(true, gain_s * accept >= est->draft_pass_s + widen_next);
+  };
+}
+
+void AdaptiveK::observe(const StepResult& step) {
+  const double d = decay_;
+  observe_verify(step);
+  if (step.source == "none") return;
+  SourceEstimate& est = estimate(step.source);
+  est.steps += 1;
+  if (step.proposed == 0) {
+    if (step.lookup_first_hit >= 0) {  // a lookup's offer, learned for free
+      est.reached[0] = d * est.reached[0] + 1.0;
+      est.accepted[0] = d * est.accepted[0] + double(step.lookup_first_hit);
+    }
+    est.zero_streak += 1;
+    return;
+  }
+  observe_draft_cost(est, step);
+  est.zero_streak = 0;
+  const int verified = std::min(step.proposed, step.accepted + 1);  // positions judged
+  for (int i = 0; i < verified; ++i) {
+    est.reached[size_t(i)] = d * est.reached[size_t(i)] + 1.0;
+    est.accepted[size_t(i)] = d * est.accepted[size_t(i)] + (i < step.accepted ? 1.0 : 0.0);
+  }
+  if (!step.confidence.empty() && int(step.confidence.size()) == step.proposed) {
+    est.confidence_seen = true;
+    for (size_t b = 0; b < 6; ++b) {
+      est.confidence_reached[b] *= confidence_decay_;
+      est.confidence_accepted[b] *= confidence_decay_;
+    }
+    for (int i = 0; i < verified; ++i) {
+      const size_t b = bucket(step.confidence[size_t(i)]);
+      est.confidence_reached[b] += 1.0;
+      est.confidence_accepted[b] += i < step.accepted ? 1.0 : 0.0;
+    }
+  }
+}
+
+void AdaptiveK::observe_verify(const StepResult& step) {
+  const double d = decay_;
+  const double width = step.proposed + 1;
+  const double xs[5] = {1.0, width, step.verify_s, width * width, width * step.verify_s};
+  for (size_t i = 0; i < 5; ++i) fit_[i] = d * fit_[i] + xs[i];
+  for (auto& [n, t] : by_width_) {
+    n *= d;
+    t *= d;
+  }
+  if (size_t(width) < by_width_.size()) {
+    by_width_[size_t(width)].first += 1.0;
+    by_width_[size_t(width)].second += step.verify_s;
+  }
+  const double per_token = (step.draft_s + step.verify_s) / (step.accepted + 1);
+  token_s_ = has_token_s_ ? 0.9 * token_s_ + 0.1 * per_token : per_token;
+  has_token_s_ = true;
+}
+
+void AdaptiveK::observe_draft_cost(SourceEstimate& est, const StepResult& step) {
+  const double d = decay_;
+  const double per_token = step.draft_s / step.proposed;
+  if (step.catchup <= 2) {
+    const double weight = est.draft_seen ? 0.3 : 1.0;
+    est.draft_pass_s = (1 - weight) * est.draft_pass_s + weight * per_token;
+    est.draft_seen = true;
+    for (auto& [n, t] : est.draft_by_k) {
+      n *= d;
+      t *= d;
+    }
+    if (size_t(step.proposed) < est.draft_by_k.size()) {
+      est.draft_by_k[size_t(step.proposed)].first += 1.0;
+      est.draft_by_k[size_t(step.proposed)].second += step.draft_s;
+    }
+  } else if (est.draft_seen) {
+    est.draft_pass_s = std::min(est.draft_pass_s, per_token);  // an upper bound
+  } else {
+    est.draft_pass_s = step.draft_s / double(step.proposed + step.catchup);  // provisional
+  }
+}
+
+}  // namespace specx

@@ -1,0 +1,82 @@
+// K chosen before every step from what the run has seen (-k auto): runtime/decode/adaptive.py,
+// ported decision for decision. Expected tokens of a proposal of K are the products of the
+// per-position acceptances (decayed counts, shrunk toward the previous position), its cost
+// drafting K tokens plus a verify pass over K + 1 (as measured at that K and width, shrunk toward
+// a line); the policy takes the K with the most tokens per second, explores a neighbour now and
+// then, probes K = 2 after runs of K = 0, and keeps its estimates per source (a model's passes,
+// a lookup after an N-token match). For a draft that reports its confidence it also gives the
+// plan that takes each drafted token while the chance it is accepted pays for widening the pass.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace specx {
+
+// (position in the proposal, the draft's top probability there) -> (take it, draft another)
+using DraftPlan = std::function<std::pair<bool, bool>(int, double)>;
+
+// What a step did, for the policy (policy.py's StepResult).
+struct StepResult {
+  std::string source;
+  int proposed = 0, accepted = 0;
+  double draft_s = 0.0, verify_s = 0.0;
+  int64_t catchup = 0;
+  std::vector<double> confidence;  // [proposed] where the draft reported it, else empty
+  int lookup_first_hit = -1;       // -1: no offer; 0/1: the lookup's first token was right
+};
+
+struct SourceEstimate {
+  explicit SourceEstimate(int max_k = 8);
+  double draft_cost(int k, double prior) const;
+  SourceEstimate scaled(int max_k, double keep) const;
+  double accept_given_confidence(double top, double prior_weight) const;
+
+  int max_k;
+  std::vector<double> reached, accepted;
+  double draft_pass_s = 0.0;
+  bool draft_seen = false;
+  std::vector<std::pair<double, double>> draft_by_k;
+  std::vector<double> confidence_reached, confidence_accepted;
+  bool confidence_seen = false;
+  int steps = 0, zero_streak = 0, probe_after = 0;
+  bool probing = false;
+};
+
+class AdaptiveK {
+ public:
+  explicit AdaptiveK(int max_k);
+  int max_k() const { return max_k_; }
+  bool used() const { return !history_.empty(); }
+  void inherit(const AdaptiveK& previous, double keep = 0.5);
+  // K for a step from `source`, and the drafting plan (empty function: none)
+  std::pair<int, DraftPlan> decide(const std::string& source);
+  void observe(const StepResult& step);
+
+ private:
+  SourceEstimate& estimate(const std::string& source);
+  std::vector<double> acceptances(const std::string& source);
+  std::vector<double> expected_rates(const std::string& source);
+  double verify_line_s(int width) const;
+  double verify_s(int width) const;
+  int choose_k(const std::string& source);
+  DraftPlan plan(const std::string& source);
+  void observe_verify(const StepResult& step);
+  void observe_draft_cost(SourceEstimate& est, const StepResult& step);
+
+  int max_k_, start_k_ = 3;
+  double decay_ = 0.95, prior_accept_ = 0.6, prior_weight_ = 4.0;
+  int explore_every_ = 8, probe_every_ = 4;
+  double confidence_decay_ = 0.98, width_prior_ = 1.0;
+  std::map<std::string, SourceEstimate> sources_;
+  std::vector<double> fit_;  // decayed sums: n, sum w, sum t, sum w*w, sum w*t
+  std::vector<std::pair<double, double>> by_width_;
+  bool has_token_s_ = false;
+  double token_s_ = 0.0;
+  std::vector<int> history_;
+};
+
+}  // namespace specx
