@@ -171,10 +171,32 @@ def warp(logits: np.ndarray, s: dict[str, Any]) -> np.ndarray:
     return p
 
 
+MASK = (1 << 64) - 1
+
+
+def mix(z: int) -> int:
+    """SplitMix64's finalizer, mod 2^64 (the artifact format's counter-based generator)."""
+    z &= MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
+    return z ^ (z >> 31)
+
+
+def exponentials(seed: int, stream: int, position: int, count: int) -> np.ndarray:
+    """E_i = -log1p(-u_i), u_i the top 53 bits of mix(key + (i + 1) * golden) over 2^53, with
+    key = mix(mix(mix(seed) + stream) + position)."""
+    key = mix(mix(mix(seed) + stream) + position)
+    z = np.uint64(key) + np.arange(1, count + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return -np.log1p(-((z >> np.uint64(11)).astype(np.float64) * 2.0**-53))
+
+
 class Choice:
     """How a token is chosen at a position: the argmax (greedy), or the exponential race under
-    the position's keyed draws: argmax p(x) / E_x, E ~ Exp(1) from numpy's
-    default_rng([seed, 0, position]) (drafter-invariant sampling)."""
+    the position's keyed draws: argmax p(x) / E_x, E ~ Exp(1) from the counter-based generator
+    at (seed, stream 0, position) (drafter-invariant sampling)."""
 
     def __init__(self, sampling: dict[str, Any] | None, vocab: int) -> None:
         self.sampling, self.vocab = sampling, vocab
@@ -183,8 +205,7 @@ class Choice:
 
     def draws(self, position: int) -> np.ndarray:
         if position not in self._draws:
-            rng = np.random.default_rng([self.seed, 0, position])
-            self._draws[position] = rng.standard_exponential(self.vocab)
+            self._draws[position] = exponentials(self.seed, 0, position, self.vocab)
         return self._draws[position]
 
     def __call__(self, logits_row: np.ndarray, position: int) -> int:

@@ -92,6 +92,16 @@ def _declare(lib: Any) -> None:
         "specx_params_set_k": (vp, [vp, ctypes.c_int]),
         "specx_params_set_drafter": (vp, [vp, ctypes.c_char_p]),
         "specx_params_set_max_k": (vp, [vp, ctypes.c_int]),
+        "specx_params_set_sampling": (
+            vp,
+            [vp, ctypes.c_double, ctypes.c_int, ctypes.c_double, ctypes.c_double],
+        ),
+        "specx_params_set_seed": (vp, [vp, ctypes.c_uint64]),
+        "specx_params_set_verification": (vp, [vp, ctypes.c_char_p]),
+        "specx_counter_uniform": (
+            ctypes.c_double,
+            [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64],
+        ),
         "specx_generation_create": (vp, [vp, ctypes.POINTER(i64), sz, vp, pp]),
         "specx_generation_destroy": (None, [vp]),
         "specx_generation_next": (
@@ -159,6 +169,12 @@ class Model:
         max_new_tokens: int = 32,
         k: int = K_DEFAULT,
         drafter: str | None = None,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        seed: int | None = None,
+        verification: str = "invariant",
     ) -> Result:
         lib, check = self.lib, self.owner.check
         params = ctypes.c_void_p()
@@ -168,6 +184,10 @@ class Model:
             check(lib.specx_params_set_max_new_tokens(params, max_new_tokens))
             check(lib.specx_params_set_k(params, k))
             check(lib.specx_params_set_drafter(params, drafter.encode() if drafter else None))
+            check(lib.specx_params_set_sampling(params, temperature, top_k, top_p, min_p))
+            check(lib.specx_params_set_verification(params, verification.encode()))
+            if seed is not None:
+                check(lib.specx_params_set_seed(params, seed))
             ids = (ctypes.c_int64 * len(prompt))(*prompt)
             check(
                 lib.specx_generation_create(

@@ -5,10 +5,11 @@
 Speculative sampling applies the same warp to the draft's and the target's logits.
 
 Random numbers are keyed by the position they decide (``PositionNoise``): the draw that picks the
-token at position p comes from a generator seeded with (seed, stream, p), whoever asks for it, in
-whatever order, in any process. Nothing random depends on how many tokens were drafted, so with
-the drafter-invariant verification (verify.py) the same seed gives the same text for every K and
-every drafter.
+token at position p is a pure function of (seed, stream, p, index), whoever asks for it, in
+whatever order, in any process and in any runtime (``counter_words``: a counter-based generator
+written down in docs/artifact-format.md; libspecx implements the same). Nothing random depends on
+how many tokens were drafted, so with the drafter-invariant verification (verify.py) the same
+seed gives the same text for every K and every drafter.
 """
 
 from __future__ import annotations
@@ -29,6 +30,46 @@ RACE = 0  # the exponential race that picks a position's token (invariant verifi
 DRAFT = 1  # the draft's own draw (rejection verification)
 ACCEPT = 2  # the acceptance test of a draft token (rejection verification)
 RESAMPLE = 3  # the correction or bonus token (rejection verification)
+
+# The counter-based generator (docs/artifact-format.md, "Random numbers"): SplitMix64's finalizer
+# keys (seed, stream, position), and word i of a key is the finalizer of key + (i + 1) * golden.
+MASK64 = (1 << 64) - 1
+_MIX1, _MIX2, _GOLDEN = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0x9E3779B97F4A7C15
+
+
+def _mix(z: int) -> int:
+    """SplitMix64's finalizer on a Python int (mod 2^64)."""
+    z &= MASK64
+    z ^= z >> 30
+    z = (z * _MIX1) & MASK64
+    z ^= z >> 27
+    z = (z * _MIX2) & MASK64
+    return z ^ (z >> 31)
+
+
+def counter_key(seed: int, stream: int, position: int) -> int:
+    """The key of the draws that decide `position` in `stream` under `seed` (all mod 2^64)."""
+    return _mix(_mix(_mix(seed) + stream) + position)
+
+
+def counter_words(key: int, count: int) -> np.ndarray:
+    """[count] uint64: words 0 .. count - 1 of a key, mix(key + (i + 1) * golden)."""
+    z = np.uint64(key) + np.arange(1, count + 1, dtype=np.uint64) * np.uint64(_GOLDEN)
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(_MIX1)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(_MIX2)
+    return z ^ (z >> np.uint64(31))
+
+
+def counter_uniforms(key: int, count: int) -> np.ndarray:
+    """[count] float64 in [0, 1): the top 53 bits of each word, times 2^-53."""
+    return (counter_words(key, count) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def counter_uniform(key: int) -> float:
+    """Word 0 of a key as a uniform in [0, 1) (scalar; the same value as counter_uniforms)."""
+    return (_mix(key + _GOLDEN) >> 11) * 2.0**-53
 
 
 @dataclass(frozen=True)
@@ -59,8 +100,10 @@ class SamplingParams:
             raise InputError(
                 f"min-p must be in [0, 1), got {self.min_p}", "use 0 to disable", "min_p"
             )
-        if self.seed is not None and self.seed < 0:
-            raise InputError(f"the seed must be >= 0, got {self.seed}", "e.g. --seed 1", "seed")
+        if self.seed is not None and not 0 <= self.seed <= MASK64:
+            raise InputError(
+                f"the seed must be in 0..2^64 - 1, got {self.seed}", "e.g. --seed 1", "seed"
+            )
         if self.verification not in VERIFICATIONS:
             raise InputError(
                 f"verification must be one of {', '.join(VERIFICATIONS)}, "
@@ -79,7 +122,8 @@ def fresh_seed() -> int:
 
 
 class PositionNoise:
-    """The random numbers of one generation, keyed by (seed, stream, position).
+    """The random numbers of one generation, keyed by (seed, stream, position): the counter-based
+    generator above, so that libspecx draws the same numbers.
 
     Exponentials for the race at a position are drawn once and kept while the loop still works
     near that position (a draft asks for them first, the verifier again)."""
@@ -91,22 +135,20 @@ class PositionNoise:
         self.vocab_size = vocab_size
         self._exponentials: dict[int, np.ndarray] = {}
 
-    def _generator(self, stream: int, position: int) -> np.random.Generator:
-        return np.random.default_rng([self.seed, stream, position])
-
     def exponentials(self, position: int) -> np.ndarray:
-        """[vocab] i.i.d. Exp(1) draws for the race at `position`."""
+        """[vocab] i.i.d. Exp(1) draws for the race at `position`: -log1p(-u) of its uniforms."""
         found = self._exponentials.get(position)
         if found is None:
-            found = self._generator(RACE, position).standard_exponential(self.vocab_size)
+            uniforms = counter_uniforms(counter_key(self.seed, RACE, position), self.vocab_size)
+            found = -np.log1p(-uniforms)
             if len(self._exponentials) >= self.KEEP:
                 del self._exponentials[min(self._exponentials)]
             self._exponentials[position] = found
         return found
 
     def uniform(self, stream: int, position: int) -> float:
-        """One U[0, 1) draw for `position` in `stream`."""
-        return float(self._generator(stream, position).random())
+        """One U[0, 1) draw for `position` in `stream` (word 0 of its key)."""
+        return counter_uniform(counter_key(self.seed, stream, position))
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

@@ -320,7 +320,7 @@ def test_greedy_params_warp_to_a_one_hot_argmax() -> None:
         ({"top_p": 1.5}, r"top-p must be in \(0, 1\]"),
         ({"top_k": -1}, "top-k must be >= 0"),
         ({"min_p": 1.0}, r"min-p must be in \[0, 1\)"),
-        ({"seed": -1}, "the seed must be >= 0"),
+        ({"seed": -1}, "the seed must be in 0..2\\^64"),
         ({"verification": "lucky"}, "verification must be one of invariant, rejection"),
     ],
 )

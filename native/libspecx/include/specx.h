@@ -112,10 +112,21 @@ SPECX_API specx_status* specx_params_set_drafter(specx_params* params, const cha
 /* ids that end the generation besides the manifest's end tokens (emitted, then it stops) */
 SPECX_API specx_status* specx_params_set_stop_ids(specx_params* params, const int64_t* ids,
                                                   size_t n);
-/* sampling: temperature 0 (default) is greedy */
-SPECX_API specx_status* specx_params_set_sampling(specx_params* params, float temperature,
-                                                  int top_k, float top_p, float min_p,
-                                                  uint64_t seed);
+/* sampling: temperature 0 (default) is greedy; top_k 0, top_p 1 and min_p 0 are off. The warp
+ * and its order are the Python runtime's (docs/artifact-format.md, "Sampling"). */
+SPECX_API specx_status* specx_params_set_sampling(specx_params* params, double temperature,
+                                                  int top_k, double top_p, double min_p);
+/* the seed of the counter-based random numbers (without one: a fresh seed per generation); the
+ * same seed gives the Python runtime's text */
+SPECX_API specx_status* specx_params_set_seed(specx_params* params, uint64_t seed);
+/* how sampled drafts are verified: "invariant" (default; the text depends on the seed alone,
+ * the same for every K and drafter) or "rejection" (Leviathan et al.) */
+SPECX_API specx_status* specx_params_set_verification(specx_params* params, const char* name);
+
+/* The counter-based generator of docs/artifact-format.md ("Random numbers"): uniform `index` in
+ * [0, 1) of the key (seed, stream, position). For engines that must draw what specx draws. */
+SPECX_API double specx_counter_uniform(uint64_t seed, uint64_t stream, uint64_t position,
+                                       uint64_t index);
 
 /* -- a generation --------------------------------------------------------------------------- */
 /* Checks the prompt and the settings against the artifact and reserves the caches; the

@@ -99,9 +99,13 @@ class Params {
     check(specx_params_set_stop_ids(raw_, ids.data(), ids.size()));
     return *this;
   }
-  Params& sampling(float temperature, int top_k = 0, float top_p = 1.0f, float min_p = 0.0f,
-                   uint64_t seed = 0) {
-    check(specx_params_set_sampling(raw_, temperature, top_k, top_p, min_p, seed));
+  Params& sampling(double temperature, int top_k = 0, double top_p = 1.0, double min_p = 0.0) {
+    check(specx_params_set_sampling(raw_, temperature, top_k, top_p, min_p));
+    return *this;
+  }
+  Params& seed(uint64_t seed) { check(specx_params_set_seed(raw_, seed)); return *this; }
+  Params& verification(const std::string& name) {
+    check(specx_params_set_verification(raw_, name.c_str()));
     return *this;
   }
   const specx_params* get() const { return raw_; }

@@ -2,6 +2,7 @@
 // status at this boundary.
 #include <dlfcn.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -234,20 +235,41 @@ specx_status* specx_params_set_stop_ids(specx_params* params, const int64_t* ids
   return guarded([&] { params->settings.stop_ids.assign(ids, ids + n); });
 }
 
-specx_status* specx_params_set_sampling(specx_params* params, float temperature, int top_k,
-                                        float top_p, float min_p, uint64_t seed) {
+specx_status* specx_params_set_sampling(specx_params* params, double temperature, int top_k,
+                                        double top_p, double min_p) {
   if (params == nullptr) return null_argument("params");
-  if (!(temperature >= 0.0f)) return make_status(SPECX_INVALID_ARGUMENT, "temperature must be >= 0");
+  if (!(temperature >= 0.0) || std::isinf(temperature))
+    return make_status(SPECX_INVALID_ARGUMENT, "temperature must be a finite number >= 0 (0: greedy)");
   if (top_k < 0) return make_status(SPECX_INVALID_ARGUMENT, "top_k must be >= 0 (0: off)");
-  if (!(top_p > 0.0f && top_p <= 1.0f)) return make_status(SPECX_INVALID_ARGUMENT, "top_p must be in (0, 1]");
-  if (!(min_p >= 0.0f && min_p < 1.0f)) return make_status(SPECX_INVALID_ARGUMENT, "min_p must be in [0, 1)");
-  specx::Settings& s = params->settings;
+  if (!(top_p > 0.0 && top_p <= 1.0)) return make_status(SPECX_INVALID_ARGUMENT, "top_p must be in (0, 1] (1: off)");
+  if (!(min_p >= 0.0 && min_p < 1.0)) return make_status(SPECX_INVALID_ARGUMENT, "min_p must be in [0, 1) (0: off)");
+  specx::Sampling& s = params->settings.sampling;
   s.temperature = temperature;
   s.top_k = top_k;
   s.top_p = top_p;
   s.min_p = min_p;
-  s.seed = seed;
   return nullptr;
+}
+
+specx_status* specx_params_set_seed(specx_params* params, uint64_t seed) {
+  if (params == nullptr) return null_argument("params");
+  params->settings.seed = seed;
+  params->settings.has_seed = true;
+  return nullptr;
+}
+
+specx_status* specx_params_set_verification(specx_params* params, const char* name) {
+  if (params == nullptr) return null_argument("params");
+  if (name == nullptr) return null_argument("name");
+  const std::string v = name;
+  if (v != "invariant" && v != "rejection")
+    return make_status(SPECX_INVALID_ARGUMENT, "verification must be \"invariant\" or \"rejection\", got '" + v + "'");
+  params->settings.sampling.invariant = v == "invariant";
+  return nullptr;
+}
+
+double specx_counter_uniform(uint64_t seed, uint64_t stream, uint64_t position, uint64_t index) {
+  return specx::counter_uniform(specx::counter_key(seed, stream, position), index);
 }
 
 specx_status* specx_generation_create(const specx_model* model, const int64_t* prompt,

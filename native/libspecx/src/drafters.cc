@@ -33,6 +33,7 @@ static bool contains(const std::vector<int64_t>& ids, int64_t token) {
 ModelDrafter::ModelDrafter(Graph& graph, int64_t capacity, int64_t target_vocab,
                            std::vector<int64_t> eos)
     : runner_(graph, capacity),
+      target_vocab_(target_vocab),
       shared_vocab_(std::min(graph.spec().vocab_size, target_vocab)),
       eos_(std::move(eos)) {}
 
@@ -45,7 +46,26 @@ const float* ModelDrafter::feed(const int64_t* tokens, int64_t n) {
   return runner_.prefill(input_.data(), n);
 }
 
-void ModelDrafter::start(const int64_t* prompt, int64_t n) {
+int64_t ModelDrafter::pick(const float* row, int64_t position, bool want_top, double& top,
+                           std::vector<double>* p_draft) {
+  const Sampling* s = request_.sampling;
+  if (s == nullptr || s->greedy()) {
+    const int64_t token = argmax(row, shared_vocab_);
+    top = want_top ? top_probability(row, shared_vocab_, token) : 1.0;
+    return token;
+  }
+  std::vector<double> probs = warp(row, shared_vocab_, *s);  // [shared vocab]
+  top = *std::max_element(probs.begin(), probs.end());
+  if (s->invariant)  // the race under the position's draws: the target's own coupling
+    return race(probs.data(), request_.noise->exponentials(position).data(), shared_vocab_);
+  const int64_t token = sample(probs.data(), shared_vocab_, request_.noise->uniform(kDraft, position));
+  p_draft->assign(size_t(target_vocab_), 0.0);
+  std::copy(probs.begin(), probs.end(), p_draft->begin());
+  return token;
+}
+
+void ModelDrafter::start(const int64_t* prompt, int64_t n, const DraftRequest& request) {
+  request_ = request;
   runner_.truncate(0);
   if (n > 1) feed(prompt, n - 1);
 }
@@ -60,13 +80,17 @@ Proposal ModelDrafter::propose(const int64_t* context, int64_t n, int k, const D
   p.catchup = pending;
   p.model_passes = 1;
   const bool want_top = bool(plan);  // confidences for the plan and -k auto's estimates
+  const bool rejection = request_.sampling != nullptr && !request_.sampling->greedy() &&
+                         !request_.sampling->invariant;
   for (int i = 0; i < k; ++i) {
-    const int64_t token = argmax(logits, shared_vocab_);
-    const double top = want_top ? top_probability(logits, shared_vocab_, token) : 1.0;
+    double top = 1.0;
+    std::vector<double> row;
+    const int64_t token = pick(logits, n + i, want_top, top, &row);
     const auto [take, more] = plan ? plan(i, top) : std::make_pair(true, true);
     if (!take) break;
     p.tokens.push_back(token);
     if (want_top) p.confidence.push_back(top);
+    if (rejection) p.p_draft.push_back(std::move(row));
     if (!more || i >= k - 1 || contains(eos_, token)) break;
     logits = feed(&token, 1);
     ++p.model_passes;
@@ -97,7 +121,7 @@ size_t NgramDrafter::KeyHash::operator()(const Key& k) const {
 NgramDrafter::NgramDrafter(std::vector<int64_t> eos, int max_ngram, int min_ngram)
     : max_ngram_(max_ngram), min_ngram_(min_ngram), eos_(std::move(eos)) {}
 
-void NgramDrafter::start(const int64_t*, int64_t) {
+void NgramDrafter::start(const int64_t*, int64_t, const DraftRequest&) {
   found_len_ = -1;
   latest_.clear();
   indexed_ = 0;
@@ -154,9 +178,9 @@ Proposal NgramDrafter::propose(const int64_t* context, int64_t n, int k, const D
 }
 
 // -- hybrid -------------------------------------------------------------------------------------
-void HybridDrafter::start(const int64_t* prompt, int64_t n) {
-  lookup_->start(prompt, n);
-  model_->start(prompt, n);
+void HybridDrafter::start(const int64_t* prompt, int64_t n, const DraftRequest& request) {
+  lookup_->start(prompt, n, request);
+  model_->start(prompt, n, request);
 }
 
 std::string HybridDrafter::source(const int64_t* context, int64_t n) {

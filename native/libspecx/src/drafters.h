@@ -17,6 +17,7 @@
 
 #include "adaptive.h"
 #include "graph.h"
+#include "sampling.h"
 
 namespace specx {
 
@@ -25,6 +26,13 @@ struct Proposal {
   int64_t catchup = 0;       // committed tokens the drafter fed before drafting
   int64_t model_passes = 0;  // draft-model passes it cost
   std::vector<double> confidence;  // [n] the draft's top probability per token, where asked
+  std::vector<std::vector<double>> p_draft;  // [n][target vocab]: rejection sampling only
+};
+
+// What a generation tells its drafter when it starts (drafters/base.py's DraftRequest).
+struct DraftRequest {
+  const Sampling* sampling = nullptr;  // nullptr: greedy
+  Noise* noise = nullptr;              // the generation's random numbers, shared with verify
 };
 
 // The first index of the largest value (numpy's argmax: the first NaN wins where there is one).
@@ -35,7 +43,7 @@ double top_probability(const float* row, int64_t n, int64_t token);
 class Drafter {
  public:
   virtual ~Drafter() = default;
-  virtual void start(const int64_t* prompt, int64_t n) = 0;
+  virtual void start(const int64_t* prompt, int64_t n, const DraftRequest& request) = 0;
   // where the next proposal comes from: "model", "lookupN" (after an N-token match) or "none"
   virtual std::string source(const int64_t* context, int64_t n) = 0;
   // up to k tokens; a drafter that knows its confidence asks `plan` (may be empty) after each
@@ -48,14 +56,19 @@ bool is_lookup(const std::string& source);
 class ModelDrafter : public Drafter {
  public:
   ModelDrafter(Graph& graph, int64_t capacity, int64_t target_vocab, std::vector<int64_t> eos);
-  void start(const int64_t* prompt, int64_t n) override;
+  void start(const int64_t* prompt, int64_t n, const DraftRequest& request) override;
   std::string source(const int64_t*, int64_t) override { return "model"; }
   Proposal propose(const int64_t* context, int64_t n, int k, const DraftPlan& plan) override;
   void commit(int accepted) override;
 
  private:
   const float* feed(const int64_t* tokens, int64_t n);  // the last row's logits
+  // the token for `position` from a logits row over the shared ids (pick_token of model.py)
+  int64_t pick(const float* row, int64_t position, bool want_top, double& top,
+               std::vector<double>* p_draft);
   Runner runner_;
+  int64_t target_vocab_;
+  DraftRequest request_;
   int64_t shared_vocab_;
   std::vector<int64_t> eos_, input_;
   int64_t context_len_ = 0;
@@ -65,7 +78,7 @@ class ModelDrafter : public Drafter {
 class NgramDrafter : public Drafter {
  public:
   explicit NgramDrafter(std::vector<int64_t> eos, int max_ngram = 3, int min_ngram = 1);
-  void start(const int64_t* prompt, int64_t n) override;
+  void start(const int64_t* prompt, int64_t n, const DraftRequest& request) override;
   std::string source(const int64_t* context, int64_t n) override;
   Proposal propose(const int64_t* context, int64_t n, int k, const DraftPlan& plan) override;
   void commit(int) override {}
@@ -96,7 +109,7 @@ class HybridDrafter : public Drafter {
  public:
   HybridDrafter(std::unique_ptr<NgramDrafter> lookup, std::unique_ptr<Drafter> model)
       : lookup_(std::move(lookup)), model_(std::move(model)) {}
-  void start(const int64_t* prompt, int64_t n) override;
+  void start(const int64_t* prompt, int64_t n, const DraftRequest& request) override;
   std::string source(const int64_t* context, int64_t n) override;
   Proposal propose(const int64_t* context, int64_t n, int k, const DraftPlan& plan) override;
   void commit(int accepted) override;

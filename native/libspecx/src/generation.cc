@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <random>
 
 #include "failure.h"
 
@@ -45,6 +46,12 @@ Generation::Generation(const Model& model, const int64_t* prompt, size_t n,
       throw invalid("prompt token " + std::to_string(i) + " is " + std::to_string(prompt[i]) +
                     "; token ids must lie in [0, " + std::to_string(vocab) + ")");
   resolve(settings);
+  uint64_t seed = settings.seed;
+  if (!settings.has_seed) {
+    std::random_device entropy;
+    seed = (uint64_t(entropy()) << 32) ^ uint64_t(entropy());
+  }
+  noise_ = std::make_unique<Noise>(seed, vocab);
   context_.assign(size_t(m.max_length) + 1, 0);
   std::copy(prompt, prompt + n, context_.begin());
   n_context_ = prompt_len_ = int64_t(n);
@@ -57,12 +64,6 @@ void Generation::resolve(const Settings& s) {
   const Manifest& m = model_.manifest();
   if (s.max_new_tokens < 1)
     throw invalid("max_new_tokens must be >= 1, got " + std::to_string(s.max_new_tokens));
-  if (s.temperature < 0.0f || !(s.temperature == s.temperature))
-    throw invalid("temperature must be >= 0");
-  if (s.temperature > 0.0f)
-    throw Failure(SPECX_UNSUPPORTED,
-                  "sampling (temperature > 0) is not in this libspecx yet: it runs greedy "
-                  "generations (temperature 0); use the Python runtime to sample");
   std::string name = s.drafter.empty() ? model_.default_drafter() : s.drafter;
   const auto& names = model_.drafter_names();
   if (std::find(names.begin(), names.end(), name) == names.end()) {
@@ -102,7 +103,8 @@ void Generation::resolve(const Settings& s) {
 
 void Generation::prefill() {
   const double t0 = now();
-  if (drafter_) drafter_->start(context_.data(), prompt_len_);
+  DraftRequest request{&settings_.sampling, noise_.get()};
+  if (drafter_) drafter_->start(context_.data(), prompt_len_, request);
   if (prompt_len_ > 1) target_.prefill(context_.data(), prompt_len_ - 1);
   stats_.prefill_s = now() - t0;
 }
@@ -126,6 +128,15 @@ std::vector<int64_t> Generation::next() {
     finish("error");  // a failed pass leaves no state a next step could trust
     throw;
   }
+}
+
+// The verification the sampling settings call for (verifier.py's make_verifier).
+std::pair<int, int64_t> Generation::verify(const Proposal& proposal, const float* logits) {
+  const Sampling& s = settings_.sampling;
+  const int64_t vocab = target_.vocab_size();
+  if (s.greedy()) return verify_greedy(proposal.tokens, logits, vocab);
+  if (s.invariant) return verify_invariant(proposal.tokens, logits, vocab, s, *noise_, n_context_);
+  return verify_rejection(proposal.tokens, proposal.p_draft, logits, vocab, s, *noise_, n_context_);
 }
 
 Generation::~Generation() {
@@ -157,7 +168,7 @@ std::vector<int64_t> Generation::step() {
   t0 = now();
   const float* logits = target_.forward(input.data(), int64_t(input.size()));  // [n + 1, vocab]
   const double verify_s = now() - t0;
-  auto [accepted, next_token] = verify_greedy(proposal.tokens, logits, target_.vocab_size());
+  auto [accepted, next_token] = verify(proposal, logits);
   target_.truncate(committed + 1 + accepted);  // the last committed token and the accepted drafts
   if (drafter_ && k > 0) drafter_->commit(accepted);
   const int proposed = int(proposal.tokens.size());

@@ -13,6 +13,7 @@
 
 #include "drafters.h"
 #include "model.h"
+#include "sampling.h"
 #include "specx.h"
 
 namespace specx {
@@ -23,9 +24,9 @@ struct Settings {
   int max_k = 8;  // the most K auto may choose
   std::string drafter;  // "": the artifact's default
   std::vector<int64_t> stop_ids;
-  float temperature = 0.0f, top_p = 1.0f, min_p = 0.0f;
-  int top_k = 0;
+  Sampling sampling;
   uint64_t seed = 0;
+  bool has_seed = false;  // false: a fresh seed per generation
 };
 
 // Greedy verification (verify.py's verify_greedy): (draft tokens accepted, the target's token).
@@ -47,6 +48,7 @@ class Generation {
   void resolve(const Settings& settings);
   void prefill();
   std::vector<int64_t> step();
+  std::pair<int, int64_t> verify(const Proposal& proposal, const float* logits);
   std::vector<int64_t> append(const std::vector<int64_t>& tokens);
   void finish(const char* reason);
 
@@ -56,6 +58,7 @@ class Generation {
   std::unique_ptr<AdaptiveK> policy_;  // K auto (nullptr: a fixed K)
   std::string drafter_name_;
   std::unique_ptr<Drafter> drafter_;
+  std::unique_ptr<Noise> noise_;
   Runner target_;
   std::vector<int64_t> context_;  // [capacity + 1] every committed token
   int64_t n_context_ = 0;
