@@ -1,0 +1,231 @@
+"""libspecx from Python through ctypes: load an artifact, run a generation, read its statistics
+and its errors. Only the C ABI of include/specx.h is used, as a binding in any other language
+would (the tests and scripts/bench_libspecx.py use it). Standard library only.
+
+    lib = Library()                      # $SPECX_LIBSPECX, else native/libspecx/build
+    model = lib.load("build/smollm2", threads=2)
+    result = model.generate(prompt_ids, max_new_tokens=64, k=4, drafter="int8")
+    result.tokens, result.stats["decode_tokens_per_s"]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BUILD = Path(__file__).resolve().parents[2] / "build"
+MAX_K = 16
+MAX_STEP_TOKENS = MAX_K + 1
+K_DEFAULT = -1
+K_AUTO = -2
+
+
+def library_path() -> Path:
+    """$SPECX_LIBSPECX, else the build of scripts/build_libspecx.sh."""
+    named = os.environ.get("SPECX_LIBSPECX")
+    return Path(named) if named else BUILD / "libspecx.so"
+
+
+def binary(name: str) -> Path:
+    """A program built beside the library (the C++ tests, the example worker)."""
+    return library_path().parent / name
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [
+        ("prompt_tokens", ctypes.c_int64),
+        ("new_tokens", ctypes.c_int64),
+        ("target_passes", ctypes.c_int64),
+        ("draft_passes", ctypes.c_int64),
+        ("proposed", ctypes.c_int64),
+        ("accepted", ctypes.c_int64),
+        ("rejections", ctypes.c_int64),
+        ("proposed_at", ctypes.c_int64 * MAX_K),
+        ("accepted_at", ctypes.c_int64 * MAX_K),
+        ("prefill_s", ctypes.c_double),
+        ("draft_s", ctypes.c_double),
+        ("verify_s", ctypes.c_double),
+        ("decode_s", ctypes.c_double),
+        ("tokens_per_s", ctypes.c_double),
+        ("decode_tokens_per_s", ctypes.c_double),
+        ("k", ctypes.c_int),
+        ("adaptive", ctypes.c_int),
+        ("drafter", ctypes.c_char_p),
+        ("stop_reason", ctypes.c_char_p),
+    ]
+
+
+class SpecxError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"[{code}] {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Result:
+    tokens: list[int]
+    steps: list[list[int]]
+    stats: dict[str, Any]
+
+
+def _declare(lib: Any) -> None:
+    vp, i64, sz = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
+    pp = ctypes.POINTER(ctypes.c_void_p)
+    signatures: dict[str, tuple[Any, list[Any]]] = {
+        "specx_abi_version": (ctypes.c_int, []),
+        "specx_version": (ctypes.c_char_p, []),
+        "specx_status_code": (ctypes.c_int, [vp]),
+        "specx_status_message": (ctypes.c_char_p, [vp]),
+        "specx_status_destroy": (None, [vp]),
+        "specx_model_options_create": (vp, [pp]),
+        "specx_model_options_destroy": (None, [vp]),
+        "specx_model_options_set_threads": (vp, [vp, ctypes.c_int]),
+        "specx_model_options_set_kernels_library": (vp, [vp, ctypes.c_char_p]),
+        "specx_model_load": (vp, [ctypes.c_char_p, vp, pp]),
+        "specx_model_destroy": (None, [vp]),
+        "specx_model_vocab_size": (i64, [vp]),
+        "specx_model_max_length": (i64, [vp]),
+        "specx_model_drafter_count": (sz, [vp]),
+        "specx_model_drafter_name": (ctypes.c_char_p, [vp, sz]),
+        "specx_model_default_drafter": (ctypes.c_char_p, [vp]),
+        "specx_params_create": (vp, [pp]),
+        "specx_params_destroy": (None, [vp]),
+        "specx_params_set_max_new_tokens": (vp, [vp, i64]),
+        "specx_params_set_k": (vp, [vp, ctypes.c_int]),
+        "specx_params_set_drafter": (vp, [vp, ctypes.c_char_p]),
+        "specx_params_set_max_k": (vp, [vp, ctypes.c_int]),
+        "specx_params_set_sampling": (
+            vp,
+            [vp, ctypes.c_double, ctypes.c_int, ctypes.c_double, ctypes.c_double],
+        ),
+        "specx_params_set_seed": (vp, [vp, ctypes.c_uint64]),
+        "specx_params_set_verification": (vp, [vp, ctypes.c_char_p]),
+        "specx_counter_uniform": (
+            ctypes.c_double,
+            [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64],
+        ),
+        "specx_generation_create": (vp, [vp, ctypes.POINTER(i64), sz, vp, pp]),
+        "specx_generation_destroy": (None, [vp]),
+        "specx_generation_next": (
+            vp,
+            [vp, ctypes.POINTER(i64), sz, ctypes.POINTER(sz), ctypes.POINTER(ctypes.c_int)],
+        ),
+        "specx_generation_cancel": (None, [vp]),
+        "specx_generation_stats": (vp, [vp, ctypes.POINTER(Stats)]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+class Library:
+    def __init__(self, path: Path | None = None) -> None:
+        self.lib = ctypes.CDLL(str(path or library_path()))
+        _declare(self.lib)
+
+    def check(self, status: int | None) -> None:
+        if status:
+            code = int(self.lib.specx_status_code(status))
+            message = self.lib.specx_status_message(status).decode()
+            self.lib.specx_status_destroy(status)
+            raise SpecxError(code, message)
+
+    def load(self, folder: Path | str, threads: int = 0) -> Model:
+        options = ctypes.c_void_p()
+        self.check(self.lib.specx_model_options_create(ctypes.byref(options)))
+        try:
+            self.check(self.lib.specx_model_options_set_threads(options, threads))
+            model = ctypes.c_void_p()
+            self.check(
+                self.lib.specx_model_load(str(folder).encode(), options, ctypes.byref(model))
+            )
+        finally:
+            self.lib.specx_model_options_destroy(options)
+        return Model(self, model)
+
+
+class Model:
+    def __init__(self, owner: Library, handle: ctypes.c_void_p) -> None:
+        self.owner = owner
+        self.lib = owner.lib
+        self.handle = handle
+
+    def close(self) -> None:
+        if self.handle:
+            self.lib.specx_model_destroy(self.handle)
+            self.handle = ctypes.c_void_p()
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.lib.specx_model_vocab_size(self.handle))
+
+    @property
+    def drafters(self) -> list[str]:
+        n = self.lib.specx_model_drafter_count(self.handle)
+        return [self.lib.specx_model_drafter_name(self.handle, i).decode() for i in range(n)]
+
+    def generate(
+        self,
+        prompt: list[int],
+        max_new_tokens: int = 32,
+        k: int = K_DEFAULT,
+        drafter: str | None = None,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        seed: int | None = None,
+        verification: str = "invariant",
+    ) -> Result:
+        lib, check = self.lib, self.owner.check
+        params = ctypes.c_void_p()
+        check(lib.specx_params_create(ctypes.byref(params)))
+        generation = ctypes.c_void_p()
+        try:
+            check(lib.specx_params_set_max_new_tokens(params, max_new_tokens))
+            check(lib.specx_params_set_k(params, k))
+            check(lib.specx_params_set_drafter(params, drafter.encode() if drafter else None))
+            check(lib.specx_params_set_sampling(params, temperature, top_k, top_p, min_p))
+            check(lib.specx_params_set_verification(params, verification.encode()))
+            if seed is not None:
+                check(lib.specx_params_set_seed(params, seed))
+            ids = (ctypes.c_int64 * len(prompt))(*prompt)
+            check(
+                lib.specx_generation_create(
+                    self.handle, ids, len(prompt), params, ctypes.byref(generation)
+                )
+            )
+            steps: list[list[int]] = []
+            buf = (ctypes.c_int64 * MAX_STEP_TOKENS)()
+            n, done = ctypes.c_size_t(), ctypes.c_int()
+            while not done.value:
+                check(
+                    lib.specx_generation_next(
+                        generation, buf, MAX_STEP_TOKENS, ctypes.byref(n), ctypes.byref(done)
+                    )
+                )
+                if n.value:
+                    steps.append(list(buf[: n.value]))
+            stats = Stats()
+            check(lib.specx_generation_stats(generation, ctypes.byref(stats)))
+            return Result([t for s in steps for t in s], steps, _stats_dict(stats))
+        finally:
+            lib.specx_generation_destroy(generation)
+            lib.specx_params_destroy(params)
+
+
+def _stats_dict(s: Stats) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, _ in Stats._fields_:
+        value = getattr(s, name)
+        if isinstance(value, bytes):
+            value = value.decode()
+        elif not isinstance(value, int | float):
+            value = list(value)
+        out[name] = value
+    return out

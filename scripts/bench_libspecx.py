@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""libspecx against the Python runtime on one artifact: the same prompts and settings, decode
+tokens per second of each (medians over repeats, the two runtimes alternating so that the VM's
+drift falls on both), their ratio, and a check that both produced the same tokens.
+
+    .venv/bin/python scripts/bench_libspecx.py build/smollm2 --modes none:0 int8:4 int8:auto
+    .venv/bin/python scripts/bench_libspecx.py build/qwen-int4 --threads 2 --json out.json
+
+A mode is DRAFTER:K (K a number or auto). Greedy, chat prompts of the code and chat workloads.
+Run nothing else meanwhile: the numbers are wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "native" / "libspecx" / "bindings" / "python"))
+
+from specx_c import K_AUTO, Library  # noqa: E402
+
+from specx.runtime import Pipeline  # noqa: E402
+
+PROMPTS = {
+    "code": "Write a Python function that checks whether a string is a palindrome.",
+    "chat": "Explain in two sentences what a hash map is.",
+}
+
+
+def parse_mode(mode: str) -> tuple[str, int | str]:
+    name, _, k = mode.partition(":")
+    return name, "auto" if k == "auto" else int(k or 0)
+
+
+def run_mode(
+    lib_model: Any, pipeline: Pipeline, prompt: list[int], name: str, k: int | str, args: Any
+) -> dict[str, Any]:
+    c_rates, py_rates, same = [], [], True
+    for _ in range(args.repeats):
+        c = lib_model.generate(prompt, args.new_tokens, K_AUTO if k == "auto" else k, name)
+        py = pipeline.generate(prompt, k=k, drafter=name, max_new_tokens=args.new_tokens)
+        c_rates.append(c.stats["decode_tokens_per_s"])
+        py_rates.append(py.stats.decode_tokens_per_s)
+        same = same and c.tokens == py.token_ids
+    c_med, py_med = statistics.median(c_rates), statistics.median(py_rates)
+    return {
+        "c_tok_s": round(c_med, 2),
+        "python_tok_s": round(py_med, 2),
+        "ratio": round(c_med / py_med, 3),
+        "same_tokens": same,
+        "c_runs": [round(r, 2) for r in c_rates],
+        "python_runs": [round(r, 2) for r in py_rates],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("artifact", type=Path)
+    parser.add_argument("--modes", nargs="+", default=["none:0"])
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: default)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    lib = Library()
+    model = lib.load(args.artifact, threads=args.threads)
+    pipeline = Pipeline.load(args.artifact, threads=args.threads or None)
+    results: dict[str, Any] = {"artifact": str(args.artifact), "new_tokens": args.new_tokens}
+    print(f"{'workload':8} {'mode':18} {'C tok/s':>8} {'Py tok/s':>8} {'C/Py':>6}  same")
+    for workload, text in PROMPTS.items():
+        prompt = pipeline.encode_prompt(text, chat=True).tolist()
+        model.generate(prompt, 8, 0, "none")  # warm both runtimes' sessions
+        pipeline.generate(prompt, k=0, drafter="none", max_new_tokens=8)
+        for mode in args.modes:
+            name, k = parse_mode(mode)
+            row = run_mode(model, pipeline, prompt, name, k, args)
+            results[f"{workload} {mode}"] = row
+            print(
+                f"{workload:8} {mode:18} {row['c_tok_s']:8.2f} {row['python_tok_s']:8.2f} "
+                f"{row['ratio']:6.3f}  {row['same_tokens']}"
+            )
+    model.close()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
