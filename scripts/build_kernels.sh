@@ -10,34 +10,20 @@
 # Needs a C++17 compiler and cmake (pip's cmake and ninja do); exits 1 saying why where it cannot.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${SPECX_VENV:-$ROOT/.venv}"
-export PATH="$VENV/bin:$PATH"
 SRC="$ROOT/native/kernels"
 BUILD="${SPECX_KERNELS_BUILD:-$SRC/build}"
-command -v cmake >/dev/null || { echo "build_kernels: no cmake (pip install cmake)" >&2; exit 1; }
-command -v c++ >/dev/null || command -v g++ >/dev/null || {
-  echo "build_kernels: no C++ compiler" >&2; exit 1; }
-INC="$("$ROOT/scripts/fetch_ort_headers.sh")"
-GENERATOR=()
-command -v ninja >/dev/null && GENERATOR=(-G Ninja)
-configure() {  # build folder, extra cmake arguments
-  local dir="$1"; shift
-  if [ -f "$dir/CMakeCache.txt" ] && ! grep -q "CMAKE_GENERATOR:INTERNAL=${GENERATOR[1]:-Unix Makefiles}" "$dir/CMakeCache.txt"; then
-    rm -rf "$dir"  # made by another generator
-  fi
-  cmake -S "$SRC" -B "$dir" "${GENERATOR[@]}" -DORT_INCLUDE_DIR="$INC" "$@" >&2
-}
-configure "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSPECX_BUILD_TESTS=OFF
+source "$ROOT/scripts/native_common.sh"
+configure "$SRC" "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSPECX_BUILD_TESTS=OFF
 cmake --build "$BUILD" >&2
 mkdir -p "$ROOT/runtime/kernels/lib"
 install -m 755 "$BUILD/libspecx_kernels.so" "$ROOT/runtime/kernels/lib/libspecx_kernels.so"
 if [ "${1:-}" = "--test" ]; then
-  configure "$BUILD-sanitize" -DCMAKE_BUILD_TYPE=Debug -DSPECX_SANITIZE=ON
+  configure "$SRC" "$BUILD-sanitize" -DCMAKE_BUILD_TYPE=Debug -DSPECX_SANITIZE=ON
   cmake --build "$BUILD-sanitize" >&2
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir "$BUILD-sanitize" --output-on-failure >&2
   if command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null; then
-    configure "$BUILD-aarch64" -DCMAKE_BUILD_TYPE=Release \
+    configure "$SRC" "$BUILD-aarch64" -DCMAKE_BUILD_TYPE=Release \
       -DCMAKE_TOOLCHAIN_FILE="$SRC/cmake/aarch64-linux-gnu.cmake"
     cmake --build "$BUILD-aarch64" >&2
     ctest --test-dir "$BUILD-aarch64" --output-on-failure >&2

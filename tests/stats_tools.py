@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+STOP = -1  # the second element of a first-two pair whose first token is an end token
 MIN_EXPECTED = 5.0  # cells with fewer expected samples are pooled (chi-square validity)
 
 
@@ -53,3 +55,29 @@ def joint_of_pairs(first: np.ndarray, second: np.ndarray) -> dict[tuple[int, int
         for a in range(first.shape[0])
         for b in range(second.shape[1])
     }
+
+
+def exact_first_two(
+    model: Any, prompt: Sequence[int], params: Any, eos: int
+) -> dict[tuple[int, int], float]:
+    """The exact distribution of the first two tokens a transformers `model` samples after
+    `prompt` under sampling `params` (the runtime's warp): {(first, second or STOP): p}."""
+    import torch
+
+    from specx.runtime.verification.sampling import warp
+
+    ids = np.asarray(prompt, dtype=np.int64)
+    with torch.no_grad():
+        first_logits = model(torch.from_numpy(ids)[None]).logits[0, -1].numpy()
+        vocab = first_logits.shape[0]
+        follow = np.concatenate([np.tile(ids, (vocab, 1)), np.arange(vocab)[:, None]], axis=1)
+        second_logits = model(torch.from_numpy(follow)).logits[:, -1].numpy()  # [vocab, vocab]
+    p1, p2 = warp(first_logits, params), warp(second_logits, params)
+    joint: dict[tuple[int, int], float] = {}
+    for a in range(vocab):
+        if a == eos:
+            joint[(a, STOP)] = float(p1[a])
+            continue
+        for b in range(vocab):
+            joint[(a, b)] = float(p1[a] * p2[a, b])
+    return joint

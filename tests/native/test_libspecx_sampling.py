@@ -13,14 +13,13 @@ from libspecx_tools import K_AUTO, Library, library_path
 
 from conftest import TinyPair, needs_exporter
 from specx.runtime import Pipeline, SamplingParams
-from specx.runtime.verification.sampling import counter_key, counter_uniforms, warp
-from stats_tools import chi_square_p_value
+from specx.runtime.verification.sampling import counter_key, counter_uniforms
+from stats_tools import STOP, chi_square_p_value, exact_first_two
 
 pytestmark = needs_exporter
 ALPHA = 1e-3
 SAMPLES = 2500
 PROMPT = [0, 5, 9, 4]
-STOP = -1  # second element of the pair when the first token is EOS
 
 
 @pytest.fixture(scope="module")
@@ -95,26 +94,6 @@ def test_a_seed_gives_the_python_runtimes_text_under_rejection_sampling(
     model.close()
 
 
-def exact_first_two(model: Any, params: SamplingParams, eos: int) -> dict[tuple[int, int], float]:
-    """The target's own distribution of its first two sampled tokens after PROMPT."""
-    import torch
-
-    with torch.no_grad():
-        first_logits = model(torch.tensor([PROMPT])).logits[0, -1].numpy()
-        vocab = first_logits.shape[0]
-        follow = np.concatenate([np.tile(PROMPT, (vocab, 1)), np.arange(vocab)[:, None]], axis=1)
-        second_logits = model(torch.from_numpy(follow)).logits[:, -1].numpy()  # [vocab, vocab]
-    p1, p2 = warp(first_logits, params), warp(second_logits, params)
-    joint: dict[tuple[int, int], float] = {}
-    for a in range(vocab):
-        if a == eos:
-            joint[(a, STOP)] = float(p1[a])
-            continue
-        for b in range(vocab):
-            joint[(a, b)] = float(p1[a] * p2[a, b])
-    return joint
-
-
 def sampled_pairs(lib: Library, pair: TinyPair, k: int, verification: str) -> list[Any]:
     model = lib.load(pair.artifact)
     eos = Pipeline.load(pair.artifact).manifest.special_tokens.eos_token_ids[0]
@@ -136,7 +115,9 @@ def test_the_first_two_tokens_sampled_through_c_follow_the_targets_distribution(
     lib: Library, small_vocab_pair: TinyPair, k: int, verification: str
 ) -> None:
     eos = Pipeline.load(small_vocab_pair.artifact).manifest.special_tokens.eos_token_ids[0]
-    expected = exact_first_two(small_vocab_pair.target, SamplingParams(temperature=1.0), eos)
+    expected = exact_first_two(
+        small_vocab_pair.target, PROMPT, SamplingParams(temperature=1.0), eos
+    )
     assert sum(1 for p in expected.values() if p * SAMPLES >= 5) >= 10  # a meaningful test
     pairs = sampled_pairs(lib, small_vocab_pair, k, verification)
     assert chi_square_p_value(pairs, expected) > ALPHA
@@ -148,6 +129,6 @@ def test_the_negative_control_the_same_test_rejects_another_distribution(
     """Sampled at temperature 1, compared with the target's distribution at temperature 0.6:
     the chi-square test must see the difference."""
     eos = Pipeline.load(small_vocab_pair.artifact).manifest.special_tokens.eos_token_ids[0]
-    other = exact_first_two(small_vocab_pair.target, SamplingParams(temperature=0.6), eos)
+    other = exact_first_two(small_vocab_pair.target, PROMPT, SamplingParams(temperature=0.6), eos)
     pairs = sampled_pairs(lib, small_vocab_pair, 4, "invariant")
     assert chi_square_p_value(pairs, other) < 1e-6

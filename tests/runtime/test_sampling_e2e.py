@@ -17,36 +17,14 @@ import pytest
 
 from conftest import TinyPair, needs_exporter
 from specx.runtime import Pipeline, SamplingParams
-from specx.runtime.verification.sampling import race, sample, warp
-from stats_tools import chi_square_p_value
+from specx.runtime.verification.sampling import race, sample
+from stats_tools import STOP, chi_square_p_value, exact_first_two
 
 pytestmark = needs_exporter
 
 ALPHA = 1e-3
 SAMPLES = 2500
 PROMPT = np.array([0, 5, 9, 4], dtype=np.int64)
-STOP = -1  # second element of the pair when the first token is EOS
-
-
-def exact_first_two(model: Any, params: SamplingParams, eos: int) -> dict[tuple[int, int], float]:
-    import torch
-
-    with torch.no_grad():
-        first_logits = model(torch.from_numpy(PROMPT)[None]).logits[0, -1].numpy()
-        vocab = first_logits.shape[0]
-        follow = np.stack([PROMPT.repeat(1)] * vocab)
-        follow = np.concatenate([follow, np.arange(vocab)[:, None]], axis=1)  # [vocab, len + 1]
-        second_logits = model(torch.from_numpy(follow)).logits[:, -1].numpy()  # [vocab, vocab]
-    p1 = warp(first_logits, params)
-    p2 = warp(second_logits, params)
-    joint: dict[tuple[int, int], float] = {}
-    for a in range(vocab):
-        if a == eos:
-            joint[(a, STOP)] = float(p1[a])
-            continue
-        for b in range(vocab):
-            joint[(a, b)] = float(p1[a] * p2[a, b])
-    return joint
 
 
 def sampled_pairs(pipe: Pipeline, params: SamplingParams, k: int | str, eos: int) -> list[Any]:
@@ -82,7 +60,7 @@ def test_first_two_tokens_follow_the_targets_distribution(
     params = dataclasses.replace(params, verification=verification)
     pipe = Pipeline.load(small_vocab_pair.artifact)
     eos = pipe.manifest.special_tokens.eos_token_ids[0]
-    expected = exact_first_two(small_vocab_pair.target, params, eos)
+    expected = exact_first_two(small_vocab_pair.target, PROMPT, params, eos)
     assert sum(1 for p in expected.values() if p * SAMPLES >= 5) >= 10  # a meaningful test
     pairs = sampled_pairs(pipe, params, k, eos)
     first = {}
@@ -136,5 +114,5 @@ def test_the_same_test_catches_a_broken_verifier_end_to_end(
     pipe = Pipeline.load(small_vocab_pair.artifact)
     params = SamplingParams(temperature=1.0, verification=verification)
     eos = pipe.manifest.special_tokens.eos_token_ids[0]
-    expected = exact_first_two(small_vocab_pair.target, params, eos)
+    expected = exact_first_two(small_vocab_pair.target, PROMPT, params, eos)
     assert chi_square_p_value(sampled_pairs(pipe, params, 4, eos), expected) < 1e-6
