@@ -6,6 +6,7 @@ Runs where the test command fetched the models (scripts/test.sh)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from libspecx_tools import K_AUTO, Library, library_path
@@ -20,7 +21,9 @@ PROMPTS = (
 )
 
 
-def assert_same_as_python(artifact: Path, runs: list[tuple[str, int]], new_tokens: int) -> None:
+def assert_same_as_python(
+    artifact: Path, runs: list[tuple[str, int]], new_tokens: int, **sampling: Any
+) -> None:
     if not library_path().is_file():
         pytest.skip("libspecx is not built (scripts/build_libspecx.sh)")
     model = Library().load(artifact)
@@ -29,13 +32,15 @@ def assert_same_as_python(artifact: Path, runs: list[tuple[str, int]], new_token
         for text in PROMPTS:
             prompt = pipeline.encode_prompt(text, chat=True).tolist()
             for name, k in runs:
-                got = model.generate(prompt, new_tokens, k, name)
+                got = model.generate(prompt, new_tokens, k, name, **sampling)
                 py_k = "auto" if k == K_AUTO else k
-                want = pipeline.generate(prompt, k=py_k, drafter=name, max_new_tokens=new_tokens)
+                want = pipeline.generate(
+                    prompt, k=py_k, drafter=name, max_new_tokens=new_tokens, **sampling
+                )
                 where = f"{name}, K={py_k}: {text!r}"
                 assert got.tokens == want.token_ids, where
-                if k == K_AUTO:
-                    continue  # its K follows the measured times: the same text, other passes
+                if k == K_AUTO or sampling:
+                    continue  # K auto follows measured times; a sampled step may accept less
                 assert got.stats["target_passes"] == want.stats.target_passes, where
                 assert got.stats["accepted"] == want.stats.accepted, where
                 if k:
@@ -48,6 +53,11 @@ def test_c_equals_python_on_smollm2(smollm2_artifact: Path) -> None:
     runs = [("none", 0), ("int8", 1), ("int8", 4), ("int8", K_AUTO), ("ngram", 4)]
     runs += [("ngram+int8", 4), ("ngram+int8", K_AUTO)]
     assert_same_as_python(smollm2_artifact, runs, 48)
+
+
+def test_a_seed_gives_the_python_runtimes_text_on_smollm2(smollm2_artifact: Path) -> None:
+    runs = [("none", 0), ("int8", 4), ("ngram+int8", K_AUTO)]
+    assert_same_as_python(smollm2_artifact, runs, 48, temperature=0.7, top_p=0.9, seed=7)
 
 
 def test_c_equals_python_on_the_qwen_int4_pair_on_the_specx_kernels(qwen_artifact: Path) -> None:
