@@ -6,8 +6,9 @@ drift falls on both), their ratio, and a check that both produced the same token
     .venv/bin/python scripts/bench_libspecx.py build/smollm2 --modes none:0 int8:4 int8:auto
     .venv/bin/python scripts/bench_libspecx.py build/qwen-int4 --threads 2 --json out.json
 
-A mode is DRAFTER:K (K a number or auto). Greedy, chat prompts of the code and chat workloads.
-Run nothing else meanwhile: the numbers are wall time.
+A mode is DRAFTER:K (K a number or auto). Greedy, on the first --prompts prompts of `specx
+bench`'s code and chat workloads (apps/bench/data/workloads.json), encoded as the bench encodes
+them. Run nothing else meanwhile: the numbers are wall time.
 """
 
 from __future__ import annotations
@@ -24,12 +25,10 @@ sys.path.insert(0, str(ROOT / "native" / "libspecx" / "bindings" / "python"))
 
 from specx_c import K_AUTO, Library  # noqa: E402
 
+from specx.apps.bench import load_workloads  # noqa: E402
 from specx.runtime import Pipeline  # noqa: E402
 
-PROMPTS = {
-    "code": "Write a Python function that checks whether a string is a palindrome.",
-    "chat": "Explain in two sentences what a hash map is.",
-}
+WORKLOADS = ("code", "chat")
 
 
 def parse_mode(mode: str) -> tuple[str, int | str]:
@@ -37,16 +36,30 @@ def parse_mode(mode: str) -> tuple[str, int | str]:
     return name, "auto" if k == "auto" else int(k or 0)
 
 
+def encoded_prompts(pipeline: Pipeline, workload: str, count: int) -> list[list[int]]:
+    """The workload's first `count` prompts, through the chat template where it asks for one."""
+    spec = load_workloads()[workload]
+    chat = bool(spec.get("chat")) and pipeline.manifest.chat_template is not None
+    texts = spec["prompts"][:count]
+    return [pipeline.encode_prompt(t, chat=chat).tolist() for t in texts]
+
+
 def run_mode(
-    lib_model: Any, pipeline: Pipeline, prompt: list[int], name: str, k: int | str, args: Any
+    lib_model: Any,
+    pipeline: Pipeline,
+    prompts: list[list[int]],
+    name: str,
+    k: int | str,
+    args: Any,
 ) -> dict[str, Any]:
     c_rates, py_rates, same = [], [], True
     for _ in range(args.repeats):
-        c = lib_model.generate(prompt, args.new_tokens, K_AUTO if k == "auto" else k, name)
-        py = pipeline.generate(prompt, k=k, drafter=name, max_new_tokens=args.new_tokens)
-        c_rates.append(c.stats["decode_tokens_per_s"])
-        py_rates.append(py.stats.decode_tokens_per_s)
-        same = same and c.tokens == py.token_ids
+        for prompt in prompts:
+            c = lib_model.generate(prompt, args.new_tokens, K_AUTO if k == "auto" else k, name)
+            py = pipeline.generate(prompt, k=k, drafter=name, max_new_tokens=args.new_tokens)
+            c_rates.append(c.stats["decode_tokens_per_s"])
+            py_rates.append(py.stats.decode_tokens_per_s)
+            same = same and c.tokens == py.token_ids
     c_med, py_med = statistics.median(c_rates), statistics.median(py_rates)
     return {
         "c_tok_s": round(c_med, 2),
@@ -64,6 +77,7 @@ def main() -> int:
     parser.add_argument("--modes", nargs="+", default=["none:0"])
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=2, help="prompts of each workload")
     parser.add_argument("--threads", type=int, default=0, help="intra-op threads (0: default)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -72,13 +86,13 @@ def main() -> int:
     pipeline = Pipeline.load(args.artifact, threads=args.threads or None)
     results: dict[str, Any] = {"artifact": str(args.artifact), "new_tokens": args.new_tokens}
     print(f"{'workload':8} {'mode':18} {'C tok/s':>8} {'Py tok/s':>8} {'C/Py':>6}  same")
-    for workload, text in PROMPTS.items():
-        prompt = pipeline.encode_prompt(text, chat=True).tolist()
-        model.generate(prompt, 8, 0, "none")  # warm both runtimes' sessions
-        pipeline.generate(prompt, k=0, drafter="none", max_new_tokens=8)
+    for workload in WORKLOADS:
+        prompts = encoded_prompts(pipeline, workload, args.prompts)
+        model.generate(prompts[0], 8, 0, "none")  # warm both runtimes' sessions
+        pipeline.generate(prompts[0], k=0, drafter="none", max_new_tokens=8)
         for mode in args.modes:
             name, k = parse_mode(mode)
-            row = run_mode(model, pipeline, prompt, name, k, args)
+            row = run_mode(model, pipeline, prompts, name, k, args)
             results[f"{workload} {mode}"] = row
             print(
                 f"{workload:8} {mode:18} {row['c_tok_s']:8.2f} {row['python_tok_s']:8.2f} "

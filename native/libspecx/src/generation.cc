@@ -62,8 +62,6 @@ Generation::Generation(const Model& model, const int64_t* prompt, size_t n,
 // The K and drafter these settings ask for on this artifact (pipeline.py's resolve_policy).
 void Generation::resolve(const Settings& s) {
   const Manifest& m = model_.manifest();
-  if (s.max_new_tokens < 1)
-    throw invalid("max_new_tokens must be >= 1, got " + std::to_string(s.max_new_tokens));
   std::string name = s.drafter.empty() ? model_.default_drafter() : s.drafter;
   const auto& names = model_.drafter_names();
   if (std::find(names.begin(), names.end(), name) == names.end()) {
@@ -74,8 +72,6 @@ void Generation::resolve(const Settings& s) {
   int k = s.k;
   if (k == SPECX_K_AUTO) {
     if (name == "none") throw invalid("K auto needs a drafter", "name one, e.g. ngram");
-    if (s.max_k < 1 || s.max_k > SPECX_MAX_K)
-      throw invalid("max K must be in 1.." + std::to_string(SPECX_MAX_K) + ", got " + std::to_string(s.max_k));
     k_ = std::min(s.max_k, m.k_max);
     policy_ = std::make_unique<AdaptiveK>(k_);
     if (std::unique_ptr<AdaptiveK> previous = model_.learned_policy(name)) policy_->inherit(*previous);
@@ -162,11 +158,12 @@ std::vector<int64_t> Generation::step() {
     Proposal offer = drafter_->propose(context, n_context_, 1, DraftPlan());
     if (!offer.tokens.empty()) guess = offer.tokens.front();
   }
-  std::vector<int64_t> input{context_[size_t(n_context_ - 1)]};  // [n + 1]
-  input.insert(input.end(), proposal.tokens.begin(), proposal.tokens.end());
+  // [n + 1] the last committed token and the proposal: the committed context is followed by
+  // room for K + 1 tokens, so the pass reads it in place
+  std::copy(proposal.tokens.begin(), proposal.tokens.end(), context_.begin() + n_context_);
   const int64_t committed = target_.length();
   t0 = now();
-  const float* logits = target_.forward(input.data(), int64_t(input.size()));  // [n + 1, vocab]
+  const float* logits = target_.forward(context + n_context_ - 1, int64_t(proposal.tokens.size()) + 1);
   const double verify_s = now() - t0;
   auto [accepted, next_token] = verify(proposal, logits);
   target_.truncate(committed + 1 + accepted);  // the last committed token and the accepted drafts

@@ -95,8 +95,6 @@ ModelSpec model_spec(const Value& data, const std::string& where) {
   const Value* taps = data.find("feature_layers");
   if (taps != nullptr && taps->is_array())
     m.feature_size = int64_t(taps->array.size()) * m.hidden_size;
-  if (const Value* parity = data.find("parity"); parity != nullptr && parity->is_object())
-    m.parity_kind = r.text_or(*parity, "kind", "");
   if (const Value* ops = data.find("operators"); ops != nullptr && ops->is_array()) {
     for (const Value& op : ops->array)
       if (op.is_string() && op.string.rfind("specx:", 0) == 0) m.specx_ops.push_back(op.string);

@@ -29,7 +29,6 @@ struct ModelSpec {
   std::vector<OpLibrary> op_libraries;
   bool has_head = false;  // a feature draft (EAGLE head): not run by this library yet
   int64_t feature_size = 0;  // a target's `features` output width (0: none)
-  std::string parity_kind;   // parity.kind ("quantized" for an int8/int4 copy of the target)
   std::vector<std::string> specx_ops;  // the graph's nodes in the specx domain (its kernels)
 
   bool has_input(const std::string& n) const;
