@@ -39,6 +39,15 @@ try:
 except Exception as e:  # noqa: BLE001
     print("CUDA runtime:", e)
 PYEOF
+# libspecx (carried built, e.g. native/libspecx/build) runs on the ONNX Runtime of $PY: its
+# libonnxruntime.so.1 link is pointed there, so its CUDA tests use onnxruntime-gpu's providers.
+LIBSPECX="$ROOT/native/libspecx/build"
+if [ -f "$LIBSPECX/libspecx.so" ]; then
+  ORTLIB="$("$PY" -c 'import glob, os, onnxruntime as o; print(sorted(glob.glob(os.path.join(os.path.dirname(o.__file__), "capi", "libonnxruntime.so.1*")))[-1])')"
+  ln -sfn "$ORTLIB" "$LIBSPECX/libonnxruntime.so.1" && echo "libspecx runs on $ORTLIB"
+else
+  echo "libspecx: not built here (scripts/build_libspecx.sh); its CUDA tests will be skipped"
+fi
 echo "== GPU tests"
 (cd "$ROOT" && "$PY" -m pytest tests -m "gpu or tensorrt" -q -rs -p no:cacheprovider)
 TESTS=$?

@@ -233,7 +233,23 @@ def _peer_lines(results: dict[str, Any]) -> list[str]:
             if r.get("acceptance") is not None:
                 extra += f", acceptance {r['acceptance']:.2f}"
             lines.append(f"{peer} {variant:<16}{r['tokens_per_s']:>7.1f} tok/s{extra}   {ratio}")
+        fastest = _peer_fastest(data)
+        if fastest and best:
+            lines.append(
+                f"{peer} fastest ({fastest[0]}) {fastest[1]:.1f} tok/s; "
+                f"specx fastest ({best_name}) / {peer} fastest = {best / fastest[1]:.2f}"
+            )
     return lines
+
+
+def _peer_fastest(data: dict[str, Any]) -> tuple[str, float] | None:
+    """A peer's fastest mode (name, tokens/s), or None when no mode ran."""
+    modes = [
+        (name, float(r["tokens_per_s"]))
+        for name, r in data.items()
+        if isinstance(r, dict) and r.get("tokens_per_s")
+    ]
+    return max(modes, key=lambda m: m[1]) if modes else None
 
 
 def _peer_ratios(results: dict[str, Any]) -> list[tuple[str, float]]:

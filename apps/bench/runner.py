@@ -62,7 +62,7 @@ class BenchConfig:
     peers: tuple[str, ...] = ("hf", "genai", "llama.cpp")
     hf_source: str | None = None  # default: the target's source in the manifest
     genai_python: str | None = None  # a python with onnxruntime-genai (separate venv)
-    genai_models: str | None = None  # folder with target-fp32/ and draft-int4/ built by GenAI
+    genai_models: str | None = None  # a pair from scripts/setup_genai.sh (default: found by source)
     llama_server: str | None = None  # llama.cpp's llama-server (scripts/setup_llamacpp.sh)
     threads: int | None = None
 
@@ -505,7 +505,7 @@ def _run_peers(
     if "genai" in cfg.peers:
         from specx.apps.bench.genai_peer import genai_peer
 
-        peers["genai"] = genai_peer(cfg, all_prompts, progress)
+        peers["genai"] = genai_peer(cfg, pipe.manifest.target.source, all_prompts, progress)
     if "llama.cpp" in cfg.peers:
         from specx.apps.bench.llamacpp_peer import llamacpp_peer
 

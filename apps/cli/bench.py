@@ -37,7 +37,11 @@ def _csv(text: str, kind: type = str, option: str = "") -> tuple[Any, ...]:
 @click.option("--peers", default="hf,genai,llama.cpp", show_default=True, help="'' skips peers.")
 @click.option("--hf-source", default=None, help="Model for the transformers peer.")
 @click.option("--genai-python", default=None, help="Python of an onnxruntime-genai venv.")
-@click.option("--genai-models", default=None, help="Folder from scripts/setup_genai.sh.")
+@click.option(
+    "--genai-models",
+    default=None,
+    help="A pair from scripts/setup_genai.sh (default: built from the artifact's target).",
+)
 @click.option(
     "--llama-server", default=None, help="llama.cpp's llama-server (scripts/setup_llamacpp.sh)."
 )

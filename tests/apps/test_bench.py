@@ -144,3 +144,74 @@ def test_the_llama_cpp_peer_says_why_it_is_skipped(
     gguf.write_bytes(b"GGUF")
     failed = llamacpp_peer(str(fake), str(gguf), None, prompts, 8, 1, 2, print)
     assert "exited" in failed["target"]["error"]
+
+
+def _genai_pair(root: Path, name: str, target_gguf: Path) -> Path:
+    pair = root / name
+    for folder in ("target-int4", "draft-int4"):
+        (pair / folder).mkdir(parents=True)
+        (pair / folder / "genai_config.json").write_text("{}")
+    (pair / "source.json").write_text(json.dumps({"target": str(target_gguf.resolve())}))
+    return pair
+
+
+def test_the_genai_peer_runs_the_pair_built_from_the_artifacts_own_target(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specx.apps.bench import genai_peer as peer
+    from specx.apps.bench.runner import BenchConfig
+
+    target = tmp_path / "qwen.gguf"
+    target.write_bytes(b"GGUF")
+    other = tmp_path / "smol.gguf"
+    other.write_bytes(b"GGUF")
+    root = tmp_path / "genai"
+    _genai_pair(root, "a-smollm2", other)
+    pair = _genai_pair(root, "qwen-coder", target)
+    monkeypatch.setattr(peer, "DEFAULT_MODELS", root)
+    assert peer.pair_for(str(target), root) == pair
+    assert peer.pair_for(str(tmp_path / "absent.gguf"), root) is None
+
+    # A stand-in for the GenAI python: faster with a draft, slower at larger K.
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *--k\\ 2*) r=30;; *--k\\ 4*) r=25;; *) r=20;; esac\n'
+        'echo "{\\"median_tokens_per_s\\": $r, \\"speculative\\": true, \\"version\\": \\"0\\"}"\n'
+    )
+    fake.chmod(0o755)
+    cfg = BenchConfig(artifact=tmp_path, ks=(2, 4), genai_python=str(fake))
+    monkeypatch.delenv("SPECX_GENAI_MODELS", raising=False)
+    out = peer.genai_peer(cfg, str(target), [np.array([1, 2, 3])], lambda _: None)
+    assert out["models"] == str(pair) and out["target_folder"] == "target-int4"
+    rates = {name: r["tokens_per_s"] for name, r in out.items() if isinstance(r, dict)}
+    assert rates == {"target": 20, "int4 K=2": 30, "int4 K=4": 25}
+
+    from specx.apps.bench.report import _peer_fastest
+
+    assert _peer_fastest(out) == ("int4 K=2", 30.0)
+
+
+def test_the_genai_peer_says_why_it_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specx.apps.bench import genai_peer as peer
+    from specx.apps.bench.runner import BenchConfig
+
+    monkeypatch.setattr(peer, "DEFAULT_MODELS", tmp_path / "genai")
+    monkeypatch.delenv("SPECX_GENAI_MODELS", raising=False)
+    monkeypatch.delenv("SPECX_GENAI_PYTHON", raising=False)
+    prompts = [np.array([1, 2, 3])]
+    no_python = BenchConfig(artifact=tmp_path, genai_python=str(tmp_path / "none"))
+    assert "setup_genai.sh" in peer.genai_peer(no_python, "t.gguf", prompts, print)["skipped"]
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nexit 1\n")
+    no_pair = BenchConfig(artifact=tmp_path, genai_python=str(python))
+    skipped = peer.genai_peer(no_pair, str(tmp_path / "t.gguf"), prompts, print)["skipped"]
+    assert "no GenAI pair built from" in skipped and "setup_genai.sh MODEL" in skipped
+    two = tmp_path / "two"
+    for folder in ("target-fp32", "target-int4"):
+        (two / folder).mkdir(parents=True)
+        (two / folder / "genai_config.json").write_text("{}")
+    given = BenchConfig(artifact=tmp_path, genai_python=str(python), genai_models=str(two))
+    assert "expected one built target-*" in peer.genai_peer(given, "t", prompts, print)["skipped"]

@@ -66,11 +66,13 @@ def prompts(vocab: int, lengths: tuple[int, ...] = (1, 7, 30)) -> list[list[int]
     return [rng.integers(0, vocab, size=n).tolist() for n in lengths]
 
 
-def assert_same_as_python(lib: Library, artifact: Path, new_tokens: int = 24) -> None:
+def assert_same_as_python(
+    lib: Library, artifact: Path, new_tokens: int = 24, provider: str = "cpu"
+) -> None:
     """Every drafter, K 0, 1 and 4: C ids == Python ids, and the same passes and acceptance;
     K auto (whose K follows measured times): the same ids."""
-    model = lib.load(artifact)
-    pipeline = Pipeline.load(artifact)
+    model = lib.load(artifact, provider=provider)
+    pipeline = Pipeline.load(artifact, providers=[provider])
     try:
         assert model.drafters == pipeline.drafter_names
         for prompt in prompts(model.vocab_size):
@@ -212,6 +214,39 @@ def test_bad_settings_are_refused_by_name(lib: Library, llama_pair: Any) -> None
         model.generate([1, 2, 3], 8, 17, "ngram")
     assert caught.value.code == INVALID_ARGUMENT
     model.close()
+
+
+@pytest.mark.parametrize("provider", ["cuda", "tensorrt"], ids=["cuda-ep", "trt-ep"])
+def test_a_gpu_provider_onnx_runtime_lacks_is_refused_naming_what_is_there(
+    lib: Library, llama_pair: Any, provider: str
+) -> None:
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" in available:
+        pytest.skip("this ONNX Runtime has CUDA: scripts/gpu_check.sh runs libspecx on it")
+    with pytest.raises(SpecxError) as caught:
+        lib.load(llama_pair.artifact, provider=provider)
+    message = caught.value.message
+    assert caught.value.code == PROVIDER, message
+    assert f"execution provider '{provider}' is not available" in message
+    assert ", ".join(available) in message and "onnxruntime-gpu" in message
+    with pytest.raises(SpecxError) as caught:
+        lib.load(llama_pair.artifact, provider="tpu")
+    assert caught.value.code == INVALID_ARGUMENT and "unknown provider 'tpu'" in caught.value.message
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pair", ["llama_plain_pair", "fp16_pair"])
+def test_on_cuda_c_greedy_ids_equal_python_ids_on_cuda(
+    lib: Library, request: pytest.FixtureRequest, pair: str
+) -> None:
+    artifact = request.getfixturevalue(pair).artifact
+    try:
+        lib.load(artifact, provider="cuda").close()
+    except SpecxError as e:  # libspecx built against a CPU-only ONNX Runtime
+        pytest.skip(f"libspecx cannot run CUDA here: {e.message[:200]}")
+    assert_same_as_python(lib, artifact, provider="cuda")
 
 
 def _run_cpp(build: Path, artifact: Path, *args: str) -> None:

@@ -76,9 +76,15 @@ SPECX_API specx_status* specx_model_options_create(specx_model_options** out);
 SPECX_API void specx_model_options_destroy(specx_model_options* options);
 /* intra-op threads per session (0: ONNX Runtime's default) */
 SPECX_API specx_status* specx_model_options_set_threads(specx_model_options* options, int threads);
-/* "cpu" (default), "cuda" or "tensorrt" where the ONNX Runtime build has them */
+/* ONNX Runtime's execution provider: "cpu" (default), "cuda" or "tensorrt" where the ONNX
+ * Runtime libspecx runs on has them (onnxruntime-gpu's library); with a GPU provider the caches
+ * live on the GPU and ONNX Runtime's CPU provider takes the operators it lacks. Checked by
+ * specx_model_load (SPECX_PROVIDER names what is missing). */
 SPECX_API specx_status* specx_model_options_set_provider(specx_model_options* options,
                                                          const char* provider);
+/* the GPU for "cuda" and "tensorrt" (default 0) */
+SPECX_API specx_status* specx_model_options_set_device_id(specx_model_options* options,
+                                                          int device_id);
 /* the specx kernels library for artifacts whose manifest names it; default: the environment
  * variable SPECX_KERNELS_LIBRARY, else libspecx_kernels.so beside libspecx */
 SPECX_API specx_status* specx_model_options_set_kernels_library(specx_model_options* options,

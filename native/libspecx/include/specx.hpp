@@ -44,7 +44,11 @@ class ModelOptions {
   ModelOptions& provider(const std::string& p) {
     check(specx_model_options_set_provider(raw_, p.c_str()));
     return *this;
+  }  ModelOptions& device_id(int id) {
+    check(specx_model_options_set_device_id(raw_, id));
+    return *this;
   }
+
   ModelOptions& kernels_library(const std::string& path) {
     check(specx_model_options_set_kernels_library(raw_, path.c_str()));
     return *this;

@@ -134,6 +134,14 @@ specx_status* specx_model_options_set_provider(specx_model_options* options, con
   return nullptr;
 }
 
+specx_status* specx_model_options_set_device_id(specx_model_options* options, int device_id) {
+  if (options == nullptr) return null_argument("options");
+  if (device_id < 0 || device_id > 1023)
+    return make_status(SPECX_INVALID_ARGUMENT, "device_id must be in 0..1023, got " + std::to_string(device_id));
+  options->config.device_id = device_id;
+  return nullptr;
+}
+
 specx_status* specx_model_options_set_kernels_library(specx_model_options* options, const char* path) {
   if (options == nullptr) return null_argument("options");
   if (path == nullptr) return null_argument("path");

@@ -60,6 +60,47 @@ void check_kernels(const ModelSpec& spec, const std::string& path) {
                                       std::to_string(kKernelsAbi) + ": " + hint);
 }
 
+// The GPU providers a session asks for, first to last (ONNX Runtime keeps its CPU provider
+// as the fallback for any operator they lack). Refused here, naming the fix, where the ONNX
+// Runtime libspecx was built against lacks the provider or cannot run the graph on it.
+void append_providers(Ort::SessionOptions& options, const ModelSpec& spec, const SessionConfig& config) {
+  if (config.provider == "cpu") return;
+  const std::string full = config.provider == "cuda" ? "CUDAExecutionProvider" : "TensorrtExecutionProvider";
+  std::string available;
+  bool found = false;
+  for (const std::string& name : Ort::GetAvailableProviders()) {
+    available += (available.empty() ? "" : ", ") + name;
+    found = found || name == full;
+  }
+  if (!found)
+    throw Failure(SPECX_PROVIDER, "execution provider '" + config.provider +
+                                      "' is not available in the ONNX Runtime libspecx runs on (available: " +
+                                      available + "); build libspecx against onnxruntime-gpu's library "
+                                      "(scripts/setup.sh --gpu does) or use \"cpu\"");
+  if (spec.attention == "gqa" && spec.dtype == "float32")
+    throw Failure(SPECX_PROVIDER, spec.graph + " is an fp32 GroupQueryAttention graph, which ONNX Runtime "
+                                      "runs only on the CPU (its CUDA kernel is fp16/bf16); re-export "
+                                      "with an fp16 profile or --attention plain for CUDA");
+  const OrtApi& api = Ort::GetApi();
+  const std::string device = std::to_string(config.device_id);
+  const char* keys[] = {"device_id"};
+  const char* values[] = {device.c_str()};
+  if (config.provider == "tensorrt") {
+    OrtTensorRTProviderOptionsV2* raw = nullptr;
+    Ort::ThrowOnError(api.CreateTensorRTProviderOptions(&raw));
+    std::unique_ptr<OrtTensorRTProviderOptionsV2, void (*)(OrtTensorRTProviderOptionsV2*)> trt(
+        raw, api.ReleaseTensorRTProviderOptions);
+    Ort::ThrowOnError(api.UpdateTensorRTProviderOptions(trt.get(), keys, values, 1));
+    options.AppendExecutionProvider_TensorRT_V2(*trt);
+  }
+  OrtCUDAProviderOptionsV2* raw = nullptr;  // tensorrt: CUDA takes what TensorRT does not
+  Ort::ThrowOnError(api.CreateCUDAProviderOptions(&raw));
+  std::unique_ptr<OrtCUDAProviderOptionsV2, void (*)(OrtCUDAProviderOptionsV2*)> cuda(
+      raw, api.ReleaseCUDAProviderOptions);
+  Ort::ThrowOnError(api.UpdateCUDAProviderOptions(cuda.get(), keys, values, 1));
+  options.AppendExecutionProvider_CUDA_V2(*cuda);
+}
+
 Ort::SessionOptions session_options(const ModelSpec& spec, const SessionConfig& config) {
   Ort::SessionOptions options;
   options.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
@@ -70,6 +111,13 @@ Ort::SessionOptions session_options(const ModelSpec& spec, const SessionConfig& 
     check_kernels(spec, config.kernels_library);
     options.RegisterCustomOpsLibrary(config.kernels_library.c_str());
   }
+  try {
+    append_providers(options, spec, config);
+  } catch (const Ort::Exception& e) {
+    throw Failure(SPECX_PROVIDER, "the " + config.provider + " provider failed to initialise: " +
+                                      std::string(e.what()).substr(0, 300) +
+                                      " (check the CUDA/TensorRT installation and that a GPU is visible)");
+  }
   return options;
 }
 
@@ -78,10 +126,6 @@ Ort::SessionOptions session_options(const ModelSpec& spec, const SessionConfig& 
 Graph::Graph(Ort::Env& env, const std::string& folder, const ModelSpec& spec,
              const std::string& pair_id, const SessionConfig& config)
     : spec_(spec), path_(folder + "/" + spec.graph) {
-  if (config.provider != "cpu")
-    throw Failure(SPECX_UNSUPPORTED, "provider '" + config.provider +
-                                         "': this libspecx runs ONNX Runtime's CPU provider "
-                                         "(use \"cpu\", or the Python runtime for CUDA/TensorRT)");
   if (!is_file(path_))
     throw artifact_error("graph file " + path_ + " is missing");
   Ort::SessionOptions options = session_options(spec, config);
@@ -109,6 +153,7 @@ Graph::Graph(Ort::Env& env, const std::string& folder, const ModelSpec& spec,
                            std::to_string(positions) + " positions");
   }
   check_io();
+  memory_ = device_memory(config.provider, config.device_id);
 }
 
 void Graph::check_io() {
@@ -155,8 +200,10 @@ Runner::Runner(Graph& graph, int64_t capacity)
     throw invalid("a cache of " + std::to_string(capacity) + " positions exceeds the " +
                   std::to_string(s.max_length) + " " + s.graph + " was exported for");
   layer_elems_ = capacity * s.kv_heads * s.head_dim;
-  keys_.assign(s.num_layers, std::vector<uint8_t>(size_t(layer_elems_) * elem_bytes_));
-  values_.assign(s.num_layers, std::vector<uint8_t>(size_t(layer_elems_) * elem_bytes_));
+  for (int layer = 0; layer < s.num_layers; ++layer) {
+    keys_.push_back(std::make_unique<DeviceBuffer>(graph.memory(), size_t(layer_elems_) * elem_bytes_));
+    values_.push_back(std::make_unique<DeviceBuffer>(graph.memory(), size_t(layer_elems_) * elem_bytes_));
+  }
   logits_.resize(size_t(kMaxChunk) * size_t(s.vocab_size));
   features_.resize(size_t(kMaxChunk) * size_t(s.feature_size));
   ids_.resize(kMaxChunk);
@@ -187,12 +234,13 @@ void Runner::bind_cache(int64_t past, int64_t seq) {
   for (int layer = 0; layer < s.num_layers; ++layer) {
     const std::string n = std::to_string(layer);
     for (int kv = 0; kv < 2; ++kv) {
-      uint8_t* base = (kv == 0 ? keys_ : values_)[size_t(layer)].data();
+      auto* base = static_cast<uint8_t*>((kv == 0 ? keys_ : values_)[size_t(layer)]->data());
+      const Ort::MemoryInfo& where = graph_.memory()->info();
       const std::string what = kv == 0 ? "key." : "value.";
       io_.BindInput(("past_" + what + n).c_str(),
-                    Ort::Value::CreateTensor(cpu_, base, past_bytes, past_shape.data(), 4, type));
+                    Ort::Value::CreateTensor(where, base, past_bytes, past_shape.data(), 4, type));
       io_.BindOutput(((full ? "present_" : "new_") + what + n).c_str(),
-                     Ort::Value::CreateTensor(cpu_, base + offset, new_bytes, new_shape.data(), 4, type));
+                     Ort::Value::CreateTensor(where, base + offset, new_bytes, new_shape.data(), 4, type));
     }
   }
   cache_bound_ = full;

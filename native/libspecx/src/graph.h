@@ -16,6 +16,7 @@
 
 #include <onnxruntime_cxx_api.h>
 
+#include "device.h"
 #include "manifest.h"
 
 namespace specx {
@@ -25,7 +26,8 @@ constexpr int kMaxChunk = 128;  // prompt tokens per pass (backends/base.py's DE
 struct SessionConfig {
   int threads = 0;
   bool alternating = false;  // takes turns with another session: no spinning threads
-  std::string provider = "cpu";
+  std::string provider = "cpu";  // "cpu", "cuda" or "tensorrt" (ONNX Runtime's providers)
+  int device_id = 0;              // the GPU, for cuda and tensorrt
   std::string kernels_library;  // "" where no graph needs it
 };
 
@@ -35,12 +37,15 @@ class Graph {
         const std::string& pair_id, const SessionConfig& config);
   const ModelSpec& spec() const { return spec_; }
   Ort::Session& session() { return session_; }
+  // Where the caches live: host memory, or the GPU the provider computes on.
+  const std::shared_ptr<DeviceMemory>& memory() const { return memory_; }
 
  private:
   void check_io();
   ModelSpec spec_;
   std::string path_;
   Ort::Session session_{nullptr};
+  std::shared_ptr<DeviceMemory> memory_;
 };
 
 class Runner {
@@ -69,13 +74,13 @@ class Runner {
   int64_t passes_ = 0;
   size_t elem_bytes_;
   int64_t layer_elems_;  // elements of one layer's key (or value) buffer
-  std::vector<std::vector<uint8_t>> keys_, values_;
+  std::vector<std::unique_ptr<DeviceBuffer>> keys_, values_;  // [layer]
   std::vector<float> logits_;    // [kMaxChunk, vocab]
   std::vector<float> features_;  // [kMaxChunk, F] where the target has a features output
   std::vector<int64_t> ids_, positions_;
   int32_t seqlens_k_ = 0, total_length_ = 0;
   Ort::IoBinding io_;
-  Ort::MemoryInfo cpu_;
+  Ort::MemoryInfo cpu_;  // ids, positions, logits: always host memory
   bool cache_bound_ = false;
 };
 

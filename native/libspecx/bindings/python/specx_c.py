@@ -85,6 +85,8 @@ def _declare(lib: Any) -> None:
         "specx_model_options_destroy": (None, [vp]),
         "specx_model_options_set_threads": (vp, [vp, ctypes.c_int]),
         "specx_model_options_set_kernels_library": (vp, [vp, ctypes.c_char_p]),
+        "specx_model_options_set_provider": (vp, [vp, ctypes.c_char_p]),
+        "specx_model_options_set_device_id": (vp, [vp, ctypes.c_int]),
         "specx_model_load": (vp, [ctypes.c_char_p, vp, pp]),
         "specx_model_destroy": (None, [vp]),
         "specx_model_vocab_size": (i64, [vp]),
@@ -135,11 +137,15 @@ class Library:
             self.lib.specx_status_destroy(status)
             raise SpecxError(code, message)
 
-    def load(self, folder: Path | str, threads: int = 0) -> Model:
+    def load(
+        self, folder: Path | str, threads: int = 0, provider: str = "cpu", device_id: int = 0
+    ) -> Model:
         options = ctypes.c_void_p()
         self.check(self.lib.specx_model_options_create(ctypes.byref(options)))
         try:
             self.check(self.lib.specx_model_options_set_threads(options, threads))
+            self.check(self.lib.specx_model_options_set_provider(options, provider.encode()))
+            self.check(self.lib.specx_model_options_set_device_id(options, device_id))
             model = ctypes.c_void_p()
             self.check(
                 self.lib.specx_model_load(str(folder).encode(), options, ctypes.byref(model))
