@@ -233,7 +233,9 @@ def test_a_gpu_provider_onnx_runtime_lacks_is_refused_naming_what_is_there(
     assert ", ".join(available) in message and "onnxruntime-gpu" in message
     with pytest.raises(SpecxError) as caught:
         lib.load(llama_pair.artifact, provider="tpu")
-    assert caught.value.code == INVALID_ARGUMENT and "unknown provider 'tpu'" in caught.value.message
+    assert (
+        caught.value.code == INVALID_ARGUMENT and "unknown provider 'tpu'" in caught.value.message
+    )
 
 
 @pytest.mark.gpu
