@@ -287,6 +287,7 @@ def test_the_example_worker_answers_with_the_python_runtimes_ids(
             "k": 4,
             "drafter": "mixed",
             "stream": True,
+            "text": True,
         },
         {"id": 2, "prompt": prompt, "max_new_tokens": 20, "k": 0},
         {"id": 3, "prompt": [10**9], "max_new_tokens": 5},
@@ -307,6 +308,9 @@ def test_the_example_worker_answers_with_the_python_runtimes_ids(
     deltas = [a["delta"] for a in answers if a.get("id") == 1 and "delta" in a]
     final = {a["id"]: a for a in answers[1:] if "delta" not in a}
     assert [t for d in deltas for t in d] == final[1]["tokens"] == want
+    texts = [a["text"] for a in answers if a.get("id") == 1 and "delta" in a]
+    assert "".join(texts) == final[1]["text"] == pipeline.codec.decode(want)
+    assert "text" not in final[2]
     assert final[1]["stats"]["drafter"] == "mixed" and final[1]["stats"]["accepted"] > 0
     assert final[2]["tokens"] == want and final[2]["stats"]["target_passes"] == 20
     assert final[3]["error"]["code"] == INVALID_ARGUMENT

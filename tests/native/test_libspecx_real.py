@@ -68,3 +68,14 @@ def test_c_equals_python_on_the_qwen_int4_pair_on_the_specx_kernels(qwen_artifac
     draft = manifest["drafts"][0]["name"]
     runs = [("none", 0), (draft, 1), (draft, 4), (draft, K_AUTO), ("ngram", 4)]
     assert_same_as_python(qwen_artifact, runs, 32)
+
+
+def test_streamed_text_equals_the_tokenizers_decode_on_smollm2_and_qwen(
+    smollm2_artifact: Path, qwen_artifact: Path
+) -> None:
+    from test_libspecx_text import check_tokenizer
+
+    if not library_path().is_file():
+        pytest.skip("libspecx is not built (scripts/build_libspecx.sh)")
+    for artifact in (smollm2_artifact, qwen_artifact):
+        check_tokenizer(Library(), artifact, samples=300, length=32)

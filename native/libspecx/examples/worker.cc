@@ -4,15 +4,16 @@
 //
 //   specx_worker ARTIFACT [THREADS]
 //   > {"id": 1, "prompt": [1, 2, 3], "max_new_tokens": 32, "k": 4, "drafter": "draft",
-//      "stream": true}
-//   < {"id": 1, "delta": [17, 42]}                          (stream: one line per step)
-//   < {"id": 1, "tokens": [17, 42, ...], "stats": {...}}
+//      "stream": true, "text": true}
+//   < {"id": 1, "delta": [17, 42], "text": "Hel"}           (stream: one line per step)
+//   < {"id": 1, "tokens": [17, 42, ...], "text": "Hello", "stats": {...}}
 //   < {"id": 1, "error": {"code": 1, "message": "..."}}     (a bad request; the worker goes on)
 //
-// Text stays with the caller: it encodes prompts and decodes ids with the artifact's
-// tokenizer.json (tokenizers has bindings for most languages).
+// The caller encodes prompts with the artifact's tokenizer.json (tokenizers has bindings for
+// most languages); "text": true adds the decoded text, streamed by libspecx's detokenizer.
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -74,15 +75,24 @@ void answer(const specx::Model& model, const std::string& line) {
       params.drafter(d->string);
     const specx::json::Value* stream = request.find("stream");
     const bool streaming = stream != nullptr && stream->boolean;
+    const specx::json::Value* with_text = request.find("text");
+    std::unique_ptr<specx::Detokenizer> detokenizer;
+    if (with_text != nullptr && with_text->boolean) detokenizer = std::make_unique<specx::Detokenizer>(model);
     specx::Generation generation(model, ids, params);
     std::vector<int64_t> all;
+    std::string text;
     while (!generation.done()) {
       std::vector<int64_t> step = generation.next();
       all.insert(all.end(), step.begin(), step.end());
+      std::string piece = detokenizer ? detokenizer->push(step) : "";
+      if (generation.done() && detokenizer) piece += detokenizer->finish();
+      text += piece;
       if (streaming && !step.empty())
-        std::cout << "{\"id\":" << id << ",\"delta\":" << ids_json(step) << "}" << std::endl;
+        std::cout << "{\"id\":" << id << ",\"delta\":" << ids_json(step)
+                  << (detokenizer ? ",\"text\":" + specx::json::quote(piece) : "") << "}" << std::endl;
     }
     std::cout << "{\"id\":" << id << ",\"tokens\":" << ids_json(all)
+              << (detokenizer ? ",\"text\":" + specx::json::quote(text) : "")
               << ",\"stats\":" << stats_json(generation.stats()) << "}" << std::endl;
   } catch (const specx::Error& e) {
     std::cout << error_json(id, e.code(), e.what()) << std::endl;

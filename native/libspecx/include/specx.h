@@ -105,6 +105,24 @@ SPECX_API size_t specx_model_drafter_count(const specx_model* model);
 SPECX_API const char* specx_model_drafter_name(const specx_model* model, size_t i);
 SPECX_API const char* specx_model_default_drafter(const specx_model* model);
 
+/* -- text ---------------------------------------------------------------------------------- */
+/* Token ids to UTF-8 text as they stream in, exactly as the artifact's tokenizer decodes them
+ * (the `tokenizers` library's decode, special tokens skipped), never splitting a character:
+ * the bytes of an unfinished character wait for the next ids. Exact for ByteLevel BPE
+ * tokenizers (GPT-2, Llama 3, Qwen, SmolLM2); other decoders are SPECX_UNSUPPORTED. Encoding
+ * text stays with the host. One detokenizer per stream; the model outlives it. */
+typedef struct specx_detokenizer specx_detokenizer;
+SPECX_API specx_status* specx_detokenizer_create(const specx_model* model, specx_detokenizer** out);
+SPECX_API void specx_detokenizer_destroy(specx_detokenizer* detokenizer);
+/* The text `ids` complete: *text (NUL-terminated, *length bytes) stays valid until the next
+ * call on this detokenizer. Ids outside 0..vocab_size-1 are SPECX_INVALID_ARGUMENT. */
+SPECX_API specx_status* specx_detokenizer_push(specx_detokenizer* detokenizer, const int64_t* ids,
+                                               size_t count, const char** text, size_t* length);
+/* The end of the stream: what is left (an unfinished character becomes U+FFFD, as decode
+ * gives it); the detokenizer then starts a new stream. */
+SPECX_API specx_status* specx_detokenizer_finish(specx_detokenizer* detokenizer, const char** text,
+                                                 size_t* length);
+
 /* -- what one generation is asked to do ----------------------------------------------------- */
 SPECX_API specx_status* specx_params_create(specx_params** out);
 SPECX_API void specx_params_destroy(specx_params* params);

@@ -89,6 +89,32 @@ class Model {
   std::unique_ptr<specx_model, Free> model_;
 };
 
+// Token ids to UTF-8 text as they stream in (specx_detokenizer_*).
+class Detokenizer {
+ public:
+  explicit Detokenizer(const Model& model) {
+    specx_detokenizer* raw = nullptr;
+    check(specx_detokenizer_create(model.get(), &raw));
+    detokenizer_.reset(raw);
+  }
+  std::string push(const std::vector<int64_t>& ids) {
+    const char* text = nullptr;
+    size_t length = 0;
+    check(specx_detokenizer_push(detokenizer_.get(), ids.data(), ids.size(), &text, &length));
+    return std::string(text, length);
+  }
+  std::string finish() {
+    const char* text = nullptr;
+    size_t length = 0;
+    check(specx_detokenizer_finish(detokenizer_.get(), &text, &length));
+    return std::string(text, length);
+  }
+
+ private:
+  struct Free { void operator()(specx_detokenizer* p) const { specx_detokenizer_destroy(p); } };
+  std::unique_ptr<specx_detokenizer, Free> detokenizer_;
+};
+
 class Params {
  public:
   Params() { check(specx_params_create(&raw_)); holder_.reset(raw_); }

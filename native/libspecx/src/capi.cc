@@ -31,6 +31,11 @@ struct specx_model {
   std::unique_ptr<specx::Model> model;
 };
 
+struct specx_detokenizer {
+  int64_t vocab_size;
+  specx::Detokenizer stream;
+};
+
 struct specx_params {
   specx::Settings settings;
 };
@@ -196,6 +201,44 @@ const char* specx_model_drafter_name(const specx_model* model, size_t i) {
 
 const char* specx_model_default_drafter(const specx_model* model) {
   return model == nullptr ? nullptr : model->model->default_drafter().c_str();
+}
+
+specx_status* specx_detokenizer_create(const specx_model* model, specx_detokenizer** out) {
+  if (out == nullptr) return null_argument("out");
+  *out = nullptr;
+  if (model == nullptr) return null_argument("model");
+  return guarded([&] {
+    *out = new specx_detokenizer{model->model->manifest().target.vocab_size,
+                                 specx::Detokenizer(model->model->token_bytes())};
+  });
+}
+
+void specx_detokenizer_destroy(specx_detokenizer* detokenizer) { delete detokenizer; }
+
+specx_status* specx_detokenizer_push(specx_detokenizer* detokenizer, const int64_t* ids, size_t count,
+                                     const char** text, size_t* length) {
+  if (detokenizer == nullptr) return null_argument("detokenizer");
+  if (ids == nullptr && count > 0) return null_argument("ids");
+  if (text == nullptr) return null_argument("text");
+  for (size_t i = 0; i < count; ++i)
+    if (ids[i] < 0 || ids[i] >= detokenizer->vocab_size)
+      return make_status(SPECX_INVALID_ARGUMENT, "id " + std::to_string(ids[i]) + " is outside the vocabulary (0.." +
+                                                     std::to_string(detokenizer->vocab_size - 1) + ")");
+  return guarded([&] {
+    const std::string& out = detokenizer->stream.push(ids, count);
+    *text = out.c_str();
+    if (length != nullptr) *length = out.size();
+  });
+}
+
+specx_status* specx_detokenizer_finish(specx_detokenizer* detokenizer, const char** text, size_t* length) {
+  if (detokenizer == nullptr) return null_argument("detokenizer");
+  if (text == nullptr) return null_argument("text");
+  return guarded([&] {
+    const std::string& out = detokenizer->stream.finish();
+    *text = out.c_str();
+    if (length != nullptr) *length = out.size();
+  });
 }
 
 specx_status* specx_params_create(specx_params** out) {

@@ -162,7 +162,7 @@ Manifest read_manifest(const std::string& folder) {
                          "upgrade libspecx, or re-export the artifact with this version");
   m.pair_id = r.text(data, "pair_id");
   m.max_length = r.integer(data, "max_length", 2, 2147483647);
-  r.text(data, "tokenizer");
+  m.tokenizer = r.text(data, "tokenizer");
   m.target = model_spec(r.need(data, "target"), path + " [target]");
   if (const Value* drafts = data.find("drafts"); drafts != nullptr && drafts->is_array()) {
     for (size_t i = 0; i < drafts->array.size(); ++i) {

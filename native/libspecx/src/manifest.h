@@ -39,6 +39,7 @@ struct Manifest {
   int format_version = 0;
   std::string pair_id;
   int64_t max_length = 0;
+  std::string tokenizer;  // the tokenizer file, relative to the artifact
   ModelSpec target;
   std::vector<ModelSpec> drafts;
   std::vector<int64_t> eos_token_ids;

@@ -68,4 +68,10 @@ std::unique_ptr<Drafter> Model::new_drafter(const std::string& name) const {
   return model_drafter(name);
 }
 
+const TokenBytes& Model::token_bytes() const {
+  std::lock_guard<std::mutex> hold(tokens_lock_);
+  if (!token_bytes_) token_bytes_ = std::make_unique<TokenBytes>(TokenBytes::read(folder_ + "/" + manifest_.tokenizer));
+  return *token_bytes_;
+}
+
 }  // namespace specx

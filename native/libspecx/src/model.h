@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "adaptive.h"
+#include "detokenizer.h"
 #include "drafters.h"
 #include "graph.h"
 #include "manifest.h"
@@ -29,6 +30,8 @@ class Model {
   // (pipeline.py's remember_policy / learned_policy).
   void remember_policy(const std::string& drafter, const AdaptiveK& policy) const;
   std::unique_ptr<AdaptiveK> learned_policy(const std::string& drafter) const;
+  // Every id's bytes from the artifact's tokenizer, read on first use (throws Failure).
+  const TokenBytes& token_bytes() const;
 
  private:
   Graph& draft_graph(const ModelSpec& spec) const;
@@ -43,6 +46,8 @@ class Model {
   mutable std::map<std::string, std::unique_ptr<Graph>> drafts_;  // by graph file
   mutable std::mutex learned_lock_;
   mutable std::map<std::string, AdaptiveK> learned_;
+  mutable std::mutex tokens_lock_;
+  mutable std::unique_ptr<TokenBytes> token_bytes_;
 };
 
 // The process's one ONNX Runtime environment (created on first use, never destroyed).

@@ -139,6 +139,24 @@ void errors(const std::string& artifact) {
          "a null status reads as OK");
   expect(specx_model_drafter_name(model, 1000) == nullptr && specx_model_eos_id(model, 1000) == -1,
          "indexes past the end give nothing");
+  specx_detokenizer* detok = nullptr;
+  const char* text = nullptr;
+  size_t length = 0;
+  expect_status(specx_detokenizer_create(nullptr, &detok), SPECX_INVALID_ARGUMENT, "model is NULL",
+                "a detokenizer of no model");
+  expect(specx_detokenizer_create(model, &detok) == nullptr && detok != nullptr, "a detokenizer");
+  const int64_t past_end[2] = {1, vocab};
+  expect_status(specx_detokenizer_push(detok, past_end, 2, &text, &length), SPECX_INVALID_ARGUMENT,
+                "outside the vocabulary", "an id past the vocabulary");
+  expect_status(specx_detokenizer_push(detok, nullptr, 2, &text, &length), SPECX_INVALID_ARGUMENT,
+                "ids is NULL", "null ids");
+  expect_status(specx_detokenizer_push(nullptr, past_end, 1, &text, &length), SPECX_INVALID_ARGUMENT,
+                "detokenizer is NULL", "a null detokenizer");
+  expect(specx_detokenizer_push(detok, nullptr, 0, &text, &length) == nullptr && length == 0 &&
+             specx_detokenizer_finish(detok, &text, nullptr) == nullptr && std::strlen(text) == 0,
+         "no ids, no text");
+  specx_detokenizer_destroy(detok);
+  specx_detokenizer_destroy(nullptr);
   specx_generation_destroy(gen);
   specx_params_destroy(params);
   specx_model_destroy(model);
@@ -170,6 +188,11 @@ void wrapper(const std::string& artifact) {
              "its stats add up (" + std::to_string(s.accepted) + " of " + std::to_string(s.proposed) + " accepted)");
     }
   }
+  specx::Detokenizer whole(model), stepwise(model);
+  std::string at_once = whole.push(reference) + whole.finish(), streamed;
+  for (int64_t id : reference) streamed += stepwise.push({id});
+  streamed += stepwise.finish();
+  expect(streamed == at_once, "text streamed id by id equals the text of all ids at once");
   try {
     specx::Params bad;
     bad.k(99);

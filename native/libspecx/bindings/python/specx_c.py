@@ -94,6 +94,16 @@ def _declare(lib: Any) -> None:
         "specx_model_drafter_count": (sz, [vp]),
         "specx_model_drafter_name": (ctypes.c_char_p, [vp, sz]),
         "specx_model_default_drafter": (ctypes.c_char_p, [vp]),
+        "specx_detokenizer_create": (vp, [vp, pp]),
+        "specx_detokenizer_destroy": (None, [vp]),
+        "specx_detokenizer_push": (
+            vp,
+            [vp, ctypes.POINTER(i64), sz, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(sz)],
+        ),
+        "specx_detokenizer_finish": (
+            vp,
+            [vp, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(sz)],
+        ),
         "specx_params_create": (vp, [pp]),
         "specx_params_destroy": (None, [vp]),
         "specx_params_set_max_new_tokens": (vp, [vp, i64]),
@@ -175,6 +185,11 @@ class Model:
         n = self.lib.specx_model_drafter_count(self.handle)
         return [self.lib.specx_model_drafter_name(self.handle, i).decode() for i in range(n)]
 
+    def detokenizer(self) -> Detokenizer:
+        handle = ctypes.c_void_p()
+        self.owner.check(self.lib.specx_detokenizer_create(self.handle, ctypes.byref(handle)))
+        return Detokenizer(self.owner, handle)
+
     def generate(
         self,
         prompt: list[int],
@@ -223,6 +238,37 @@ class Model:
         finally:
             lib.specx_generation_destroy(generation)
             lib.specx_params_destroy(params)
+
+
+class Detokenizer:
+    """Streaming ids -> UTF-8 text (specx_detokenizer_*); push/finish return bytes."""
+
+    def __init__(self, owner: Library, handle: ctypes.c_void_p) -> None:
+        self.owner = owner
+        self.lib = owner.lib
+        self.handle = handle
+
+    def close(self) -> None:
+        if self.handle:
+            self.lib.specx_detokenizer_destroy(self.handle)
+            self.handle = ctypes.c_void_p()
+
+    def push(self, ids: list[int]) -> bytes:
+        text, length = ctypes.c_char_p(), ctypes.c_size_t()
+        buf = (ctypes.c_int64 * len(ids))(*ids)
+        self.owner.check(
+            self.lib.specx_detokenizer_push(
+                self.handle, buf, len(ids), ctypes.byref(text), ctypes.byref(length)
+            )
+        )
+        return ctypes.string_at(text, length.value)
+
+    def finish(self) -> bytes:
+        text, length = ctypes.c_char_p(), ctypes.c_size_t()
+        self.owner.check(
+            self.lib.specx_detokenizer_finish(self.handle, ctypes.byref(text), ctypes.byref(length))
+        )
+        return ctypes.string_at(text, length.value)
 
 
 def _stats_dict(s: Stats) -> dict[str, Any]:
