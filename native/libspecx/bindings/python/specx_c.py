@@ -165,7 +165,11 @@ class Library:
         return Model(self, model)
 
 
-class Model:
+class _Handle:
+    """An opaque specx handle, released once by its `specx_*_destroy`."""
+
+    destroy = ""  # the name of the destroy function
+
     def __init__(self, owner: Library, handle: ctypes.c_void_p) -> None:
         self.owner = owner
         self.lib = owner.lib
@@ -173,8 +177,12 @@ class Model:
 
     def close(self) -> None:
         if self.handle:
-            self.lib.specx_model_destroy(self.handle)
+            getattr(self.lib, self.destroy)(self.handle)
             self.handle = ctypes.c_void_p()
+
+
+class Model(_Handle):
+    destroy = "specx_model_destroy"
 
     @property
     def vocab_size(self) -> int:
@@ -240,34 +248,21 @@ class Model:
             lib.specx_params_destroy(params)
 
 
-class Detokenizer:
+class Detokenizer(_Handle):
     """Streaming ids -> UTF-8 text (specx_detokenizer_*); push/finish return bytes."""
 
-    def __init__(self, owner: Library, handle: ctypes.c_void_p) -> None:
-        self.owner = owner
-        self.lib = owner.lib
-        self.handle = handle
-
-    def close(self) -> None:
-        if self.handle:
-            self.lib.specx_detokenizer_destroy(self.handle)
-            self.handle = ctypes.c_void_p()
+    destroy = "specx_detokenizer_destroy"
 
     def push(self, ids: list[int]) -> bytes:
-        text, length = ctypes.c_char_p(), ctypes.c_size_t()
         buf = (ctypes.c_int64 * len(ids))(*ids)
-        self.owner.check(
-            self.lib.specx_detokenizer_push(
-                self.handle, buf, len(ids), ctypes.byref(text), ctypes.byref(length)
-            )
-        )
-        return ctypes.string_at(text, length.value)
+        return self._text(self.lib.specx_detokenizer_push, buf, len(ids))
 
     def finish(self) -> bytes:
+        return self._text(self.lib.specx_detokenizer_finish)
+
+    def _text(self, call: Any, *args: Any) -> bytes:
         text, length = ctypes.c_char_p(), ctypes.c_size_t()
-        self.owner.check(
-            self.lib.specx_detokenizer_finish(self.handle, ctypes.byref(text), ctypes.byref(length))
-        )
+        self.owner.check(call(self.handle, *args, ctypes.byref(text), ctypes.byref(length)))
         return ctypes.string_at(text, length.value)
 
 
