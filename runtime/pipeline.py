@@ -3,7 +3,9 @@
 A pipeline loads each graph once. Every generation borrows a workspace (the target's binding,
 its KV cache, a drafter with its own cache) from a pool and gives it back at the end, so one
 pipeline can be shared by threads: concurrent generations run on separate workspaces, and
-repeated generations reuse the same buffers instead of allocating new ones.
+repeated generations reuse the same buffers instead of allocating new ones. A workspace's caches
+keep what they hold after a generation: the next one takes the workspace whose cache shares the
+longest prefix with its prompt and reads only the rest (runtime/prefix).
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ from specx.runtime.decode.policy import FixedK, KPolicy
 from specx.runtime.decode.sequence import Emit
 from specx.runtime.decode.stats import Stats
 from specx.runtime.drafters import registry
-from specx.runtime.drafters.base import Drafter
+from specx.runtime.drafters.base import Drafter, reads_prompt_features
 from specx.runtime.errors import ArtifactError, InputError, concerning
 from specx.runtime.grammar_limits import DEFAULT_LIMITS, GrammarLimits
 from specx.runtime.kv_cache import KVCache
+from specx.runtime.prefix.cache import PrefixCache, PrefixConfig
 from specx.runtime.result import Generation, GenerationResult
 from specx.runtime.settings import AUTO, DEFAULT_K, MAX_K, GenerationSettings
 from specx.runtime.tokenizer import TextCodec
@@ -64,6 +67,7 @@ class Pipeline:
         codec: TextCodec,
         providers: Sequence[str] | None,
         threads: int | None,
+        prefix: PrefixConfig | None = None,
     ) -> None:
         check_threads(threads)
         self.folder = folder
@@ -83,6 +87,7 @@ class Pipeline:
         self._grammar_tokenizer: GrammarTokenizer | None = None
         # what a grammar may cost the matcher (grammar_limits.py); a server may raise them
         self.grammar_limits: GrammarLimits = DEFAULT_LIMITS
+        self.prefixes = PrefixCache(prefix or PrefixConfig())  # prompts kept between generations
 
     @classmethod
     def load(
@@ -90,8 +95,11 @@ class Pipeline:
         folder: str | Path,
         providers: Sequence[str] | None = None,
         threads: int | None = None,
+        prefix: PrefixConfig | None = None,
     ) -> Pipeline:
-        """Open an artifact written by `specx export`: manifest, graphs, tokenizer.json."""
+        """Open an artifact written by `specx export`: manifest, graphs, tokenizer.json.
+        prefix: how prompts are kept between generations (default: reused, with a host store
+        of DEFAULT_STORE_MB)."""
         path = Path(folder)
         manifest = Manifest.read(path)
         codec = TextCodec(
@@ -110,7 +118,7 @@ class Pipeline:
                 f"{manifest.tokenizer_vocab_size}",
                 "the tokenizer comes from another export; re-export the artifact",
             )
-        return cls(path, manifest, codec, providers, threads)
+        return cls(path, manifest, codec, providers, threads, prefix)
 
     def _open(self, spec: ModelSpec) -> GraphSession:
         return open_graph(
@@ -172,7 +180,12 @@ class Pipeline:
             )
         self.disable_batching()
         decoder = BatchDecoder(
-            session.fork(), max_batch, context, self.single_graph(), self.batch_pass_costs
+            session.fork(),
+            max_batch,
+            context,
+            self.single_graph(),
+            self.batch_pass_costs,
+            self.prefixes,
         )
         self._scheduler = BatchScheduler(decoder)
 
@@ -191,11 +204,17 @@ class Pipeline:
         cache = target.new_cache(self.manifest.max_length)
         return _Workspace(drafter_name, target, cache, self.new_drafter(drafter_name))
 
-    def _acquire(self, drafter_name: str) -> _Workspace:
+    def _acquire(self, drafter_name: str, seq: sequence.Sequence) -> _Workspace:
+        """A free workspace of the drafter: the one whose cache holds the longest prefix of the
+        sequence's prompt for its scope; where none holds any, the least recently used (its
+        prefix goes to the store); a new one where none is free."""
+        reading, scope = seq.prompt[:-1], seq.settings.cache_scope
         with self._lock:
             free = self._pool.setdefault(drafter_name, [])
             if free:
-                return free.pop()
+                shared = [w.cache.shared_prefix(0, reading, scope) for w in free]
+                best = max(range(len(free)), key=lambda i: (shared[i], i))
+                return free.pop(best if shared[best] else 0)
         return self._new_workspace(drafter_name)
 
     def _release(self, workspace: _Workspace) -> None:
@@ -394,17 +413,29 @@ class Pipeline:
             constraint,
             result.logprobs,
             emit,
+            self.prefixes if self.prefixes.enabled else None,
         )
         return seq, result, name
 
     def _solo(self, seq: sequence.Sequence, drafter_name: str) -> Iterator[np.ndarray]:
         """The generation alone, on a workspace of its own."""
-        workspace = self._acquire(drafter_name)
+        workspace = self._acquire(drafter_name, seq)
         seq.drafter = workspace.drafter
         try:
-            yield from decode_loop(workspace.target, workspace.cache, seq)
+            yield from decode_loop(workspace.target, workspace.cache, seq, self._resume)
         finally:
             self._release(workspace)
+
+    def _resume(self, cache: KVCache, seq: sequence.Sequence) -> None:
+        """Keep the prefix of the sequence's prompt the target's cache holds (decode_loop)."""
+        refuse = ""
+        if reads_prompt_features(seq.drafter):
+            refuse = "the feature draft reads the target's features of every prompt position"
+        done = self.prefixes.resume(
+            cache, 0, self.manifest.target.graph, seq.prompt[:-1], seq.settings.cache_scope, refuse
+        )
+        seq.stats.reused_prompt_tokens = done.tokens
+        seq.stats.prompt_cache, seq.stats.prompt_cache_note = done.source, done.note
 
     def _submit(
         self, scheduler: BatchScheduler, seq: sequence.Sequence, drafter_name: str

@@ -36,6 +36,9 @@ class GenerationSettings:
     system: str | None = None  # the system message of a chat prompt
     grammar: Grammar | None = None  # structured output: every emitted token follows it
     logprobs: int | None = None  # report each token's log-probability and this many alternatives
+    # whose earlier prompts this generation may reuse, and whose later ones may reuse it (a
+    # tenant, narrowed by a request's cache salt: runtime/prefix); None: neither
+    cache_scope: str | None = ""
 
     def __post_init__(self) -> None:
         if self.logprobs is not None:
@@ -44,6 +47,8 @@ class GenerationSettings:
             raise InputError(
                 "grammar must be a specx Grammar", "e.g. Grammar.json_schema(schema)", "grammar"
             )
+        if self.cache_scope is not None and not isinstance(self.cache_scope, str):
+            raise InputError("cache_scope must be a string or None", field="cache_scope")
         if self.max_new_tokens < 1:
             raise InputError(
                 f"max-new-tokens must be >= 1, got {self.max_new_tokens}", field="max_new_tokens"

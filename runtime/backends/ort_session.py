@@ -342,7 +342,7 @@ class OrtSession(GraphSession):
         if features:
             bind_host_output(io, contract.FEATURES, self._features[:seq][None])
         self.session.run_with_iobinding(io)
-        cache.advance(seq)
+        cache.advance(seq, ids[0])
         self.passes += 1
         if features:
             self.last_features = self._features[:seq]
@@ -383,7 +383,7 @@ class OrtSession(GraphSession):
         bind_host_output(io, contract.LOGITS, self._logits[:seq][None])  # [1, seq, vocab]
         bind_host_output(io, contract.HIDDEN_OUT, self._hidden_out[:seq][None])
         self.session.run_with_iobinding(io)
-        cache.advance(seq)
+        cache.advance(seq, tokens)
         self.passes += 1
         return self._logits[:seq], self._hidden_out[:seq]
 
@@ -441,6 +441,8 @@ class OrtSession(GraphSession):
         self._bind_rows(io, cache, first_row, batch)
         logits, features = self._bind_row_outputs(io, batch, seq)
         self.session.run_with_iobinding(io)
+        for b in range(batch):
+            cache.record(first_row + b, int(starts[b]), tokens[b], int(counts[b]))
         cache.lengths[rows] = starts + counts
         self.passes += 1
         if features is not None:

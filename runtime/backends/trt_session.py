@@ -131,6 +131,6 @@ class TensorRTSession(GraphSession):
             raise ProviderError(f"TensorRT failed to run {self.path.name}")
         out = self._logits[:seq]
         self._logits_dev.download(out)  # a synchronous copy: waits for the engine
-        cache.advance(seq)
+        cache.advance(seq, tokens)
         self.passes += 1
         return out

@@ -17,6 +17,8 @@ the speculative step of decode/loop.py done for all rows at once:
 A sequence's prompt is read into its row one chunk per step (prefill.py: a long prompt never
 stalls the others for longer than a chunk; rows joining in the same step read theirs in one
 pass), then it decodes with them, and it leaves at its own stop; the others never wait for it.
+A row keeps what it holds after its sequence leaves: a new sequence takes the free row holding
+the longest prefix of its prompt for its scope, and reads only the rest (runtime/prefix).
 What a sequence produces depends only on its own prompt, settings and seed, not on what shares
 its batch (up to float near-ties between differently shaped passes).
 """
@@ -31,9 +33,15 @@ from specx.runtime.backends.base import BatchedGraph
 from specx.runtime.batch.prefill import PromptReader
 from specx.runtime.batch.widths import Expected, WidthPlanner, on_batched_graph
 from specx.runtime.decode.sequence import Sequence
-from specx.runtime.drafters.base import MODEL, Drafter, SharedPassDrafter
+from specx.runtime.drafters.base import MODEL, Drafter, SharedPassDrafter, reads_prompt_features
 from specx.runtime.drafters.shared_passes import DraftRows, RowSteps
 from specx.runtime.errors import InputError
+from specx.runtime.prefix.cache import PrefixCache
+from specx.runtime.settings import MAX_K
+
+# the widest pass over rows that spans a free row: a prompt chunk, or a verify pass; a free row
+# keeps at most capacity - IDLE_ROOM positions, since such a pass writes at its length too
+IDLE_ROOM = max(PromptReader.PREFILL_CHUNK, MAX_K + 1)
 
 
 class BatchDecoder:
@@ -46,16 +54,21 @@ class BatchDecoder:
         capacity: int,
         single: BatchedGraph | None = None,
         widths: WidthPlanner | None = None,
+        prefixes: PrefixCache | None = None,
     ) -> None:
         """session: the batched graph. single: the target's gqa graph, if it can share the
         cache (same layout): then passes GroupQueryAttention can take (one row, or one token per
-        row) run there, faster than the batched graph's attention over whole rows."""
+        row) run there, faster than the batched graph's attention over whole rows. prefixes: the
+        pipeline's prompt reuse (None: every prompt is read whole)."""
         self.session = session
+        self.prefixes = prefixes
+        self.cache_key = "rows:" + session.path.name  # what computes the rows' positions
         self.single = single if single is not None and single.spec.attention == "gqa" else None
         self.cache = session.new_batch_cache(rows, capacity)
         self.capacity = capacity
         self._rows: list[Sequence | None] = [None] * rows
-        self.prompts = PromptReader(session, self.single, self.cache)
+        self._freed = list(range(rows))  # free rows, least recently freed first
+        self.prompts = PromptReader(session, self.single, self.cache, prefixes)
         self.widths = widths or WidthPlanner()  # shared by a pipeline's batches: what passes cost
         self.passes = 0  # passes after prefill
         self.single_passes = 0  # of them, passes of the gqa graph
@@ -104,22 +117,51 @@ class BatchDecoder:
                 f"the prompt has {n} tokens; a batch row holds at most {self.capacity - 1}",
                 "shorten the prompt",
             )
-        try:
-            row = self._rows.index(None)
-        except ValueError as e:
-            raise InputError(f"all {len(self._rows)} batch rows are busy") from e
-        seq.row = row
-        self.cache.lengths[row] = 0
+        if not self._freed:
+            raise InputError(f"all {len(self._rows)} batch rows are busy")
+        row = seq.row = self._choose_row(seq)
+        self._resume(seq)
         if seq.drafter is not None:
             seq.draft_rows = self._bind_draft(seq.drafter, row)
             if seq.draft_rows is not None:
                 assert isinstance(seq.drafter, SharedPassDrafter)  # once, not per step
                 seq.shared_drafter = seq.drafter
         seq.start(self.capacity, prefill=False)
-        seq.prefilled = 0 if n > 1 else -1  # -1: nothing (left) to prefill
+        kept = int(self.cache.lengths[row])
+        seq.prefilled = kept if kept < n - 1 else -1  # -1: nothing (left) to prefill
+        seq.reading = False
         seq.decode_start = perf_counter()
         self._rows[row] = seq
+        self._freed.remove(row)
         return seq
+
+    def keep_prefixes(self) -> None:
+        """Before the decoder is dropped: put what its free rows hold in the pipeline's store."""
+        if self.prefixes is not None:
+            for row in self._freed:
+                self.prefixes.keep(self.cache, row, self.cache_key)
+
+    def _choose_row(self, seq: Sequence) -> int:
+        """The free row holding the longest prefix of the prompt for the sequence's scope; where
+        none holds any, the least recently freed one."""
+        reading, scope = seq.prompt[:-1], seq.settings.cache_scope
+        shared = [self.cache.shared_prefix(r, reading, scope) for r in self._freed]
+        best = max(range(len(shared)), key=lambda i: (shared[i], i))
+        return self._freed[best if shared[best] else 0]
+
+    def _resume(self, seq: Sequence) -> None:
+        """Keep the prefix of the prompt the sequence's row holds, or bring one back from the
+        store (prefill.py then looks for a longer one in the other rows)."""
+        row, scope = seq.row, seq.settings.cache_scope
+        if self.prefixes is None:
+            self.cache.claim(row, scope, 0)
+            return
+        refuse = ""
+        if reads_prompt_features(seq.drafter):
+            refuse = "the feature draft reads the target's features of every prompt position"
+        done = self.prefixes.resume(self.cache, row, self.cache_key, seq.prompt[:-1], scope, refuse)
+        seq.stats.reused_prompt_tokens = done.tokens
+        seq.stats.prompt_cache, seq.stats.prompt_cache_note = done.source, done.note
 
     def cancel(self, seq: Sequence) -> None:
         """Stop a sequence now (a client went away); its row is free at once."""
@@ -132,7 +174,7 @@ class BatchDecoder:
         that are joining (if any)."""
         joining = [s for s in self.taken if s.prefilled >= 0]
         if joining:
-            self.prompts.read(joining, self.taken)
+            self.prompts.read(joining)
         active = self.active
         if not active:
             return
@@ -222,8 +264,7 @@ class BatchDecoder:
         if key not in self._draft_rows:
             self._draft_rows[key] = DraftRows(graph.fork(), len(self._rows), self.capacity)
         rows = self._draft_rows[key]
-        rows.truncate(row, 0)
-        drafter.bind_row(rows, row)
+        drafter.bind_row(rows, row)  # its start keeps what the row holds of the prompt
         return rows
 
     def _draft_all(self, active: list[Sequence]) -> None:
@@ -260,10 +301,12 @@ class BatchDecoder:
             s.draft_s = seconds
 
     def _release(self, s: Sequence) -> None:
-        """Free a stopped sequence's row (and its draft row)."""
-        self.cache.lengths[s.row] = 0
+        """Free a stopped sequence's row (and its draft row); they keep what they hold for a
+        later prompt that starts the same way."""
+        self.cache.release(s.row, IDLE_ROOM)
         if s.draft_rows is not None and s.shared_drafter is not None:
-            s.draft_rows.truncate(s.row, 0)
+            s.draft_rows.release(s.row)
             s.shared_drafter.bind_row(None)  # the drafter may serve a generation alone next
             s.draft_rows = s.shared_drafter = None
         self._rows[s.row] = None
+        self._freed.append(s.row)

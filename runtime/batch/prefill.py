@@ -1,5 +1,6 @@
 """How joining rows read their prompts in a batch: one chunk a step, several rows in one pass,
-a prompt prefix another row holds (a shared system prompt) copied instead of computed.
+a prompt prefix another row of the same scope holds (a shared system prompt; an earlier turn of
+the conversation a freed row still holds) copied instead of computed.
 
 The BatchDecoder (decoder.py) holds the rows and asks its PromptReader to read a chunk of the
 joining rows' prompts at the start of each step while any row is joining.
@@ -12,13 +13,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specx.runtime.drafters.base import FeatureReader
+from specx.runtime.drafters.base import FeatureReader, reads_prompt_features
 from specx.runtime.kv_cache import common_prefix
+from specx.runtime.prefix.cache import COPIED
 
 if TYPE_CHECKING:
     from specx.runtime.backends.base import BatchedGraph
     from specx.runtime.decode.sequence import Sequence
     from specx.runtime.kv_cache import BatchKVCache
+    from specx.runtime.prefix.cache import PrefixCache
 
 
 class PromptReader:
@@ -29,16 +32,22 @@ class PromptReader:
     SHARED_PREFIX_MIN = 8  # prompt tokens worth copying from another row instead of computing
 
     def __init__(
-        self, session: BatchedGraph, single: BatchedGraph | None, cache: BatchKVCache
+        self,
+        session: BatchedGraph,
+        single: BatchedGraph | None,
+        cache: BatchKVCache,
+        prefixes: PrefixCache | None = None,
     ) -> None:
         """session: the batched graph; single: the target's gqa graph where the decoder has it
-        (a pass over one row runs there); cache: the decoder's rows."""
+        (a pass over one row runs there); cache: the decoder's rows; prefixes: the pipeline's
+        prompt reuse (None: rows copy nothing from each other)."""
         self.session = session
         self.single = single
         self.cache = cache
+        self.prefixes = prefixes
         self.passes = 0  # passes that read prompt chunks
 
-    def read(self, joining: list[Sequence], taken: list[Sequence]) -> None:
+    def read(self, joining: list[Sequence]) -> None:
         """Feed the next prompt chunk of the joining rows (each row's prompt but its last token,
         which its first step feeds), in one pass where several join at once: at most
         PREFILL_CHUNK tokens of a row and PREFILL_BUDGET padded positions a step, so that a long
@@ -50,13 +59,14 @@ class PromptReader:
         t0 = perf_counter()
         parts: dict[int, tuple[Sequence, int, int]] = {}  # row -> (seq, start, end)
         for i, s in enumerate(joining):
-            if s.prefilled == 0:
-                if any(self._waits_for(s, earlier, taken) for earlier in joining[:i]):
+            if not s.reading:
+                if any(self._waits_for(s, earlier) for earlier in joining[:i]):
                     continue
-                s.prefilled = s.stats.reused_prompt_tokens = self._reuse_prefix(s, taken)
+                self._reuse_prefix(s)
+                s.reading = True
             end = min(s.prefilled + self.PREFILL_CHUNK, s.n_context - 1)
             # rows waiting for a prefix s computes: s stops there, they join its next chunk
-            waiting = [self._waits_for(later, s, taken) for later in joining[i + 1 :]]
+            waiting = [self._waits_for(later, s) for later in joining[i + 1 :]]
             shared = [c for c in waiting if c and s.prefilled < c < end]
             end = max(shared, default=end)
             rows = [*parts, s.row]
@@ -73,21 +83,19 @@ class PromptReader:
             s.stats.prefill_s += perf_counter() - t0
             s.decode_start = perf_counter()
 
-    def _waits_for(self, s: Sequence, other: Sequence, taken: list[Sequence]) -> int:
-        """The prompt prefix s shares with a row still computing it, if worth copying and longer
-        than any row holds now (0: s need not wait for `other`)."""
-        if not self._copies_prefixes:
+    def _waits_for(self, s: Sequence, other: Sequence) -> int:
+        """The prompt prefix s shares with a row of its scope still computing it, if worth
+        copying and longer than any row holds now (0: s need not wait for `other`)."""
+        scope = s.settings.cache_scope
+        if not self._copies(s) or scope is None or other.settings.cache_scope != scope:
             return 0
         prompt = s.context[: s.n_context - 1]
         shared = common_prefix(prompt, other.context[: other.n_context - 1])
         if shared < self.SHARED_PREFIX_MIN or int(self.cache.lengths[other.row]) >= shared:
             return 0
-        held = max(common_prefix(tokens, prompt) for tokens in self._held(s.row, taken).values())
-        return shared if shared > held else 0
-
-    def _held(self, row: int, taken: list[Sequence]) -> dict[int, np.ndarray]:
-        """Every other row -> the tokens its cache holds (its context up to its length)."""
-        return {o.row: o.context[: int(self.cache.lengths[o.row])] for o in taken if o.row != row}
+        rows = range(self.cache.rows)
+        held = max(self.cache.shared_prefix(r, prompt, scope) for r in rows if r != s.row)
+        return shared if shared > max(held, s.prefilled) else 0
 
     def _feed_together(self, fed: dict[int, tuple[Sequence, int, int]]) -> bool:
         """One batched pass over the rows first .. last of `fed` (rows between them take no
@@ -116,21 +124,27 @@ class PromptReader:
                 # draft left without them says so when it drafts)
                 s.drafter.observe_features(begin, features[row - first, : end - begin])
 
-    @property
-    def _copies_prefixes(self) -> bool:
-        """Whether rows copy shared prompt prefixes: not where the target returns features (a
-        feature draft needs them for every prompt position), only in host memory."""
-        features = self.session.spec.feature_size or (
-            self.single is not None and self.single.spec.feature_size
+    def _copies(self, s: Sequence) -> bool:
+        """Whether s may copy a prefix from another row: unless prompt reuse is off, in host
+        memory, and not for a feature draft (it needs the target's features of every prompt
+        position)."""
+        return (
+            (self.prefixes is None or self.prefixes.enabled)
+            and self.cache.on_host
+            and not reads_prompt_features(s.drafter)
         )
-        return not features and self.cache.on_host
 
-    def _reuse_prefix(self, s: Sequence, taken: list[Sequence]) -> int:
-        """Copy into s's row the longest prefix of its prompt that another row holds (at least
-        SHARED_PREFIX_MIN tokens); returns its length (0: none)."""
-        if not self._copies_prefixes:
-            return 0
+    def _reuse_prefix(self, s: Sequence) -> None:
+        """Copy into s's row the longest prefix of its prompt that another row of its scope
+        holds (at least SHARED_PREFIX_MIN tokens more than the row has)."""
+        if not self._copies(s):
+            return
+        have = int(self.cache.lengths[s.row])
         prompt = s.context[: s.n_context - 1]  # what the prefill feeds
-        return self.cache.reuse_prefix(
-            s.row, prompt, self._held(s.row, taken), self.SHARED_PREFIX_MIN
-        )
+        got = self.cache.reuse_prefix(s.row, prompt, have + self.SHARED_PREFIX_MIN)
+        if got > have:
+            s.prefilled = got  # the chunk loop reads from here (and sees when nothing is left)
+            s.stats.reused_prompt_tokens = got
+            s.stats.prompt_cache, s.stats.prompt_cache_note = COPIED, ""
+            if self.prefixes is not None:
+                self.prefixes.record_copy(got - have)

@@ -85,6 +85,7 @@ def run_batch(
         capacity,
         pipeline.single_graph(),
         pipeline.batch_pass_costs,
+        pipeline.prefixes,
     )
     rows = RowQueue(decoder, caller_waits_for_all=True)
     for job in jobs:
@@ -98,4 +99,5 @@ def run_batch(
     except BaseException as e:  # the batch stops: every drafter goes back to the pool
         rows.fail_running(e)
         raise
+    decoder.keep_prefixes()  # the decoder goes: what its rows hold goes to the store
     return [job.result for job in jobs]

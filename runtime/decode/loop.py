@@ -9,7 +9,7 @@ steps for many sequences at once (batch/decoder.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from time import perf_counter
 
 import numpy as np
@@ -34,19 +34,31 @@ def speculative_step(target: GraphSession, cache: KVCache, seq: Sequence) -> np.
     return seq.commit(logits, cache, committed, perf_counter() - t0, target.last_features)
 
 
-def decode_loop(target: GraphSession, cache: KVCache, seq: Sequence) -> Iterator[np.ndarray]:
-    """Prefill, then yield the tokens each step emits until the sequence stops.
+# (the cache, the sequence) -> None: keep the longest prefix of the sequence's prompt the cache
+# holds (or bring one back), setting the cache's length to it (runtime/prefix)
+Resume = Callable[[KVCache, Sequence], None]
+
+
+def decode_loop(
+    target: GraphSession, cache: KVCache, seq: Sequence, resume: Resume | None = None
+) -> Iterator[np.ndarray]:
+    """Prefill what the cache lacks of the prompt, then yield the tokens each step emits until
+    the sequence stops. resume: keeps a prefix of the prompt the cache holds (None: the cache
+    starts empty).
 
     The caller checks the prompt length (1..cache capacity). The sequence's stats are updated as
     it goes, so they are complete even if the consumer stops early; so are its logprobs."""
     stats = seq.stats
     t0 = perf_counter()
-    cache.reset()
+    if resume is None:
+        cache.reset()
+    else:
+        resume(cache, seq)
     seq.start(cache.capacity)
     prompt = seq.committed
-    if prompt.shape[0] > 1:
+    if prompt.shape[0] - 1 > cache.length:
         reader = seq.drafter.observe_features if isinstance(seq.drafter, FeatureReader) else None
-        target.prefill(prompt[:-1], cache, reader)
+        target.prefill(prompt[cache.length : -1], cache, reader)
     stats.prefill_s = perf_counter() - t0
     seq.decode_start = perf_counter()
     try:

@@ -44,6 +44,7 @@ from specx.runtime.verification.verifier import Verifier, make_verifier
 
 if TYPE_CHECKING:
     from specx.runtime.drafters.shared_passes import DraftRows
+    from specx.runtime.prefix.cache import PrefixCache
 
 NO_DECISION = StepDecision(0)
 
@@ -71,6 +72,7 @@ class Sequence:
     constraint: Constraint | None = None  # its grammar's matcher, fresh
     logprobs: list[TokenLogprob] | None = None  # one per emitted token, when the settings ask
     emit: Emit | None = None
+    prefixes: PrefixCache | None = None  # the pipeline's prompt reuse (None: off)
     done: bool = False
     tokens: list[int] = field(default_factory=list)  # the generated ids
     context: np.ndarray = field(init=False)  # [capacity + 1] every committed token
@@ -87,6 +89,7 @@ class Sequence:
     guess: int | None = None  # what a lookup offered at a step that drafts nothing
     # a batch row's (batch/decoder.py): its prompt read a chunk per step, its draft passes shared
     prefilled: int = -1  # prompt tokens in the cache while it joins; -1 once it decodes
+    reading: bool = False  # it has looked for its prompt's prefix in the other rows
     shared_pass: bool = False  # it has decoded in a pass with other rows
     shares_draft: bool = False  # this step's proposal runs in the shared draft passes
     draft_rows: DraftRows | None = None  # where the drafter's cache lives while in the batch
@@ -116,12 +119,16 @@ class Sequence:
 
     def start(self, capacity: int, prefill: bool = True) -> None:
         """Begin in a cache of `capacity` positions: its token buffer, its drafter's start
-        (prefill False: a draft model reads the prompt only when first asked to propose)."""
+        (prefill False: a draft model reads the prompt only when first asked to propose; a
+        draft cache that holds a prefix of the prompt keeps it either way)."""
         self.context = np.zeros(capacity + 1, dtype=np.int64)
         self.context[: self.n_context] = self.prompt
         if self.drafter is not None:
             sampling, p_min = self.settings.sampling, self.settings.draft_p_min
-            request = DraftRequest(sampling, self.noise, p_min, prefill, self.constraint)
+            scope = self.settings.cache_scope
+            request = DraftRequest(
+                sampling, self.noise, p_min, prefill, self.constraint, scope, self.prefixes
+            )
             self.drafter.start(self.prompt, request)
 
     # -- a step --------------------------------------------------------------------------------

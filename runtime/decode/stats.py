@@ -12,7 +12,11 @@ if TYPE_CHECKING:
 @dataclass
 class Stats:
     prompt_tokens: int = 0
-    reused_prompt_tokens: int = 0  # of them, copied from another batch row (a shared prefix)
+    # of them, kept from an earlier generation or copied from another batch row (runtime/prefix):
+    # the prompt read only the rest
+    reused_prompt_tokens: int = 0
+    prompt_cache: str = ""  # where they came from: cache | store | row ("" where none)
+    prompt_cache_note: str = ""  # why nothing was reused where something might have been
     new_tokens: int = 0
     k: int = 0  # the K asked for (0: target alone; max K if adaptive); may shrink near limits
     drafter: str = "none"
@@ -101,6 +105,8 @@ class Stats:
         data.pop("k_used")
         if not self.stop_detail:
             data.pop("stop_detail")
+        if not self.prompt_cache_note:
+            data.pop("prompt_cache_note")
         data.update(
             acceptance_rate=self.acceptance_rate,
             alpha=self.alpha,

@@ -40,6 +40,7 @@ from specx.runtime.verification.sampling import PositionNoise, SamplingParams
 
 if TYPE_CHECKING:
     from specx.runtime.drafters.shared_passes import DraftRows
+    from specx.runtime.prefix.cache import PrefixCache
 
 # Where a proposal comes from; -k auto keeps its estimates per source.
 MODEL = "model"  # a draft model: a pass per drafted token
@@ -125,6 +126,10 @@ class DraftRequest:
     # batch row whose K may stay 0 then never pays for it)
     prefill: bool = True
     grammar: DraftGrammar | None = None  # a constrained generation's grammar
+    # prompt reuse (runtime/prefix): a draft model keeps the prefix of the prompt its cache holds
+    # for this scope (None: the scope reuses nothing), and the pipeline's store where it has one
+    scope: str | None = None
+    prefixes: PrefixCache | None = None
 
 
 class Drafter(Protocol):
@@ -144,6 +149,14 @@ class FeatureReader(Protocol):
     """A drafter that reads the target's hidden states (a feature draft)."""
 
     def observe_features(self, position: int, features: np.ndarray) -> None: ...
+
+
+def reads_prompt_features(drafter: Drafter | None) -> bool:
+    """Whether the drafter needs the target's features of every prompt position (a feature
+    draft, alone or behind a lookup): then no prompt prefix may be reused, since the target
+    would not compute the features of the reused positions."""
+    inner = getattr(drafter, "model", drafter)  # a hybrid's model
+    return isinstance(inner, FeatureReader) and getattr(inner, "needs_features", False)
 
 
 @runtime_checkable

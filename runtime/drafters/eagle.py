@@ -26,6 +26,8 @@ from specx.runtime.verification.sampling import PositionNoise, SamplingParams
 
 
 class EagleDrafter:
+    needs_features = True  # of every prompt position: no prompt prefix is reused for it
+
     def __init__(
         self,
         session: GraphSession,

@@ -181,10 +181,19 @@ class ModelDrafter:
         return tokens
 
     def start(self, prompt: np.ndarray, request: DraftRequest) -> None:
+        """Keep the prefix of the prompt the draft cache holds for this scope (or bring one back
+        from the store), then read the rest of the prompt now (request.prefill) or at the first
+        proposal."""
         self._request = request
-        self._truncate(0)
-        if request.prefill and prompt.shape[0] > 1:
-            self._feed(self._input(prompt[:-1]))
+        reading = self._input(prompt[:-1])
+        cache, row = (self._rows.cache, self._row) if self._rows is not None else (self.cache, 0)
+        if request.prefixes is not None:
+            key = (self._rows.session if self._rows is not None else self.session).path.name
+            request.prefixes.resume(cache, row, key, reading, request.scope)
+        else:
+            cache.claim(row, request.scope, 0)
+        if request.prefill and reading.shape[0] > self._length:
+            self._feed(reading[self._length :])
 
     def source(self, context: np.ndarray) -> str:
         return MODEL

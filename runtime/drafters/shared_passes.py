@@ -45,8 +45,6 @@ class DraftRows:
     def __init__(self, session: BatchedGraph, rows: int, capacity: int) -> None:
         self.session = session  # a fork: its own bindings and logits buffers
         self.cache: BatchKVCache = session.new_batch_cache(rows, capacity)
-        # [rows, capacity] the tokens each row's cache holds (positions 0 .. length - 1)
-        self.tokens = np.zeros((rows, capacity), dtype=np.int64)
         self.passes = 0  # shared rounds run (one pass each)
         # tokens of long catch-ups (a prompt) the last propose read alone: not a usual step's
         # cost; and the seconds they took
@@ -59,29 +57,34 @@ class DraftRows:
     def truncate(self, row: int, length: int) -> None:
         self.cache.lengths[row] = min(length, int(self.cache.lengths[row]))
 
+    def release(self, row: int) -> None:
+        """The row's generation is over: it keeps its prefix for the row's next one, with room
+        for the one-token rounds of its neighbours."""
+        self.cache.release(row, 1)
+
     def feed(self, row: int, tokens: np.ndarray) -> np.ndarray:
         """Tokens into one row alone (in chunks); the last logits row (a view: used at once).
         An empty row first copies the longest prefix of them another row holds (a shared
         system prompt) instead of computing it."""
-        if self.length(row) == 0 and tokens.shape[0] > self.SHARED_PREFIX_MIN:
-            tokens = tokens[self._reuse_prefix(row, tokens[:-1]) :]
+        if tokens.shape[0] > self.SHARED_PREFIX_MIN:
+            have = self.length(row)
+            tokens = tokens[self._reuse_prefix(row, tokens[:-1], have) - have :]
         chunk = self.session.max_chunk
         logits = None
         for start in range(0, int(tokens.shape[0]), chunk):
             part = tokens[start : start + chunk]
-            at = self.length(row)
-            self.tokens[row, at : at + part.shape[0]] = part
             logits = self.session.forward_rows(
                 part[None], np.array([part.shape[0]]), self.cache, row
             )
         assert logits is not None, "feed takes at least one token"
         return logits[0, -1]
 
-    def _reuse_prefix(self, row: int, prompt: np.ndarray) -> int:
-        held = {r: self.tokens[r, : self.length(r)] for r in range(self.cache.rows)}
-        reused = self.cache.reuse_prefix(row, prompt, held, self.SHARED_PREFIX_MIN)
-        self.tokens[row, :reused] = prompt[:reused]
-        return reused
+    def _reuse_prefix(self, row: int, tokens: np.ndarray, have: int) -> int:
+        """Copy into `row` (which holds its context's first `have` tokens) the longest prefix of
+        its context another row of its scope holds, ending where `tokens` (the rest of it but
+        the last token) ends; returns the row's length."""
+        context = np.concatenate([self.cache.held(row), tokens])
+        return self.cache.reuse_prefix(row, context, self.SHARED_PREFIX_MIN + have)
 
     def _round(self, tokens: dict[int, int]) -> tuple[np.ndarray, int]:
         """One pass feeding one token to each row in `tokens` (the rows between sit it out):
@@ -92,7 +95,6 @@ class DraftRows:
         for row, token in tokens.items():
             batch[row - first, 0] = token
             counts[row - first] = 1
-            self.tokens[row, self.length(row)] = token
         logits = self.session.forward_rows(batch, counts, self.cache, first)  # [rows, 1, V]
         self.passes += 1
         return logits, first

@@ -88,7 +88,11 @@ def test_rows_join_and_leave_and_several_share_each_pass(batched_llama: Any) -> 
         assert seqs[i].stats.stop_reason == "max_new_tokens"
         alone = pipe.generate(PROMPTS[i], max_new_tokens=n, k=0).token_ids
         assert seqs[i].tokens == alone
-    assert decoder.cache.lengths.tolist() == [0, 0]  # finished rows hold nothing
+    # finished rows are free and keep what they computed for a later prompt of their scope
+    assert decoder.free_rows == 2 and not decoder.busy
+    for s in (seqs[1], seqs[2]):  # the last sequences of the two rows
+        held = decoder.cache.held(s.row)
+        assert held.tolist() == s.committed[: held.shape[0]].tolist()
 
 
 def test_batching_refuses_what_it_cannot_do_with_a_clear_error(
@@ -416,7 +420,9 @@ def test_a_batch_shares_its_draft_models_passes_and_unbinds_its_drafters(
     for d in (drafters[0], fresh):
         d.start(ids, request)
     assert drafters[0].propose(ids, 3).tokens.tolist() == fresh.propose(ids, 3).tokens.tolist()
-    assert rows.cache.lengths.tolist() == [0, 0, 0]
+    for s in seqs:  # the draft rows keep a prefix of what their sequences committed
+        held = rows.cache.held(s.row)
+        assert 0 < held.shape[0] and held.tolist() == s.committed[: held.shape[0]].tolist()
 
 
 def test_rows_sharing_a_prompt_prefix_copy_it_and_decode_as_alone(batched_llama: Any) -> None:

@@ -1,0 +1,198 @@
+"""Prompt reuse across generations (runtime/prefix): a later turn of a conversation keeps the
+prefix its cache holds and reads only the rest, and gives the tokens a cold start gives.
+
+A conversation here is raw ids: each turn's prompt is the previous prompt, the previous answer
+and a few new ids, so the cache of turn n holds all of turn n + 1's prompt up to the new ids but
+its answer's last token (a cache holds every committed token but the last)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import TinyPair, needs_exporter
+from specx.runtime import GenerationResult, Pipeline
+from specx.runtime.prefix import PrefixConfig
+
+pytestmark = needs_exporter
+
+COLD = PrefixConfig(reuse=False)
+
+Generate = Callable[[np.ndarray], GenerationResult]
+
+
+def new_ids(seed: int, n: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(3, 300, size=n).astype(np.int64)
+
+
+def conversation(generate: Generate, turns: int = 3, seed: int = 0) -> list[GenerationResult]:
+    """`turns` turns: each prompt = the last prompt + its answer + 6 new ids."""
+    results: list[GenerationResult] = []
+    prompt = new_ids(seed, 9)
+    for turn in range(turns):
+        if results:
+            answer = np.asarray(results[-1].token_ids, np.int64)
+            prompt = np.concatenate([prompt, answer, new_ids(seed + 100 + turn, 6)])
+        results.append(generate(prompt))
+    return results
+
+
+def expected_reuse(results: list[GenerationResult], turn: int) -> int:
+    """What turn `turn` can keep: the previous turn's prompt and answer but its last token."""
+    previous = results[turn - 1]
+    return len(previous.prompt_token_ids) + len(previous.token_ids) - 1
+
+
+SETTINGS = [
+    {"k": 0},
+    {"k": 3, "drafter": "mixed"},
+    {"k": 4, "drafter": "ngram"},
+    {"k": 2, "drafter": "ngram+other"},
+    {"k": "auto", "drafter": "mixed"},
+    {"k": 3, "drafter": "mixed", "temperature": 0.9, "seed": 11},
+    {"k": 2, "drafter": "other", "temperature": 1.0, "seed": 5, "verification": "rejection"},
+]
+
+
+@pytest.mark.parametrize("options", SETTINGS, ids=lambda o: "-".join(map(str, o.values())))
+def test_a_later_turn_keeps_the_conversation_so_far_and_gives_the_cold_tokens(
+    llama_pair: TinyPair, options: dict[str, Any]
+) -> None:
+    warm_pipe = Pipeline.load(llama_pair.artifact)
+    cold_pipe = Pipeline.load(llama_pair.artifact, prefix=COLD)
+    warm = conversation(lambda p: warm_pipe.generate(p, max_new_tokens=14, **options))
+    cold = conversation(lambda p: cold_pipe.generate(p, max_new_tokens=14, **options))
+    assert [r.token_ids for r in warm] == [r.token_ids for r in cold]
+    assert warm[0].stats.reused_prompt_tokens == 0
+    for turn in (1, 2):
+        stats = warm[turn].stats
+        assert stats.reused_prompt_tokens == expected_reuse(warm, turn)
+        assert stats.prompt_cache == "cache"
+        assert cold[turn].stats.reused_prompt_tokens == 0
+        assert cold[turn].stats.prompt_cache_note == "prompt reuse is off"
+
+
+def test_a_conversation_whose_cache_went_to_another_comes_back_from_the_store(
+    llama_pair: TinyPair,
+) -> None:
+    """One workspace, two conversations taking turns: each turn finds its conversation in the
+    host store (the workspace's cache holds the other one), for the target and the draft."""
+    pipe = Pipeline.load(llama_pair.artifact)
+    cold_pipe = Pipeline.load(llama_pair.artifact, prefix=COLD)
+    options = {"max_new_tokens": 14, "k": 3, "drafter": "mixed"}
+    a, b = (iter(_turn_prompts(seed)) for seed in (1, 2))
+    warm, cold = [], []
+    prompts = [next(a), next(b), None, None]
+    for i, name in enumerate("abab"):
+        source = a if name == "a" else b
+        prompt = prompts[i] if prompts[i] is not None else source.send(warm[i - 2])
+        warm.append(pipe.generate(prompt, **options))
+        cold.append(cold_pipe.generate(prompt, **options))
+    assert [r.token_ids for r in warm] == [r.token_ids for r in cold]
+    assert pipe.idle_workspaces("mixed") == 1
+    for turn in (2, 3):
+        stats = warm[turn].stats
+        assert stats.prompt_cache == "store"
+        assert stats.reused_prompt_tokens == expected_reuse([warm[turn - 2]], 1)
+    store = pipe.prefixes.store
+    assert store is not None and store.counts.hits >= 4  # target and draft, two turns each
+    assert store.counts.corrupt == 0
+
+
+def _turn_prompts(seed: int) -> Any:
+    """A generator of a conversation's prompts: send it each answer's result for the next."""
+    prompt = new_ids(seed, 9)
+    turn = 0
+    while True:
+        result = yield prompt
+        turn += 1
+        answer = np.asarray(result.token_ids, np.int64)
+        prompt = np.concatenate([prompt, answer, new_ids(seed + 100 + turn, 6)])
+
+
+def test_another_scope_never_reuses_a_prompt_and_no_scope_leaves_nothing(
+    llama_pair: TinyPair,
+) -> None:
+    pipe = Pipeline.load(llama_pair.artifact)
+    prompt = new_ids(3, 20)
+    first = pipe.generate(prompt, max_new_tokens=8, k=0, cache_scope="tenant-a")
+    again = np.concatenate([prompt, np.asarray(first.token_ids), new_ids(4, 3)])
+    other = pipe.generate(again, max_new_tokens=8, k=0, cache_scope="tenant-b")
+    assert other.stats.reused_prompt_tokens == 0 and other.stats.prompt_cache == ""
+    # tenant-a's prefix went to the store when tenant-b took the cache: still a's alone
+    mine = pipe.generate(again, max_new_tokens=8, k=0, cache_scope="tenant-a")
+    assert mine.stats.prompt_cache == "store"
+    assert mine.stats.reused_prompt_tokens == len(prompt) + len(first.token_ids) - 1
+    assert mine.token_ids == other.token_ids
+    # a generation without a scope neither reuses nor leaves a prefix for anyone
+    none = pipe.generate(again, max_new_tokens=8, k=0, cache_scope=None)
+    assert none.stats.reused_prompt_tokens == 0
+    after = pipe.generate(again, max_new_tokens=8, k=0, cache_scope="tenant-b")
+    assert after.stats.prompt_cache != "cache"
+
+
+def test_a_corrupted_store_entry_is_caught_and_never_served(llama_pair: TinyPair) -> None:
+    """The negative control of the store: flipping one value of a stored prefix fails its
+    checksum; the entry is dropped, the prompt is read whole, the tokens stay the cold ones."""
+    pipe = Pipeline.load(llama_pair.artifact)
+    a = _turn_prompts(7)
+    first_prompt = next(a)
+    first = pipe.generate(first_prompt, max_new_tokens=12, k=0)
+    pipe.generate(new_ids(8, 30), max_new_tokens=12, k=0)  # another prompt takes the cache
+    store = pipe.prefixes.store
+    assert store is not None and len(store) == 1
+    (entry,) = store._entries.values()
+    entry.values[0][0, 3, 0] += 1.0  # one value of position 3 of layer 0's keys
+    second = a.send(first)
+    warm = pipe.generate(second, max_new_tokens=12, k=0)
+    cold = Pipeline.load(llama_pair.artifact, prefix=COLD).generate(
+        second, max_new_tokens=12, k=0
+    )
+    assert store.counts.corrupt == 1 and len(store) == 1  # only the other prompt's entry left
+    assert warm.stats.reused_prompt_tokens == 0
+    assert warm.token_ids == cold.token_ids
+
+
+def test_the_warm_equals_cold_check_fails_when_a_kept_prefix_is_wrong(
+    llama_pair: TinyPair,
+) -> None:
+    """The negative control of the equality tests: corrupt the keys a cache keeps (as a bug
+    keeping the wrong prefix would) and the warm tokens part from the cold ones."""
+    pipe = Pipeline.load(llama_pair.artifact)
+    a = _turn_prompts(9)
+    first = pipe.generate(next(a), max_new_tokens=12, k=0)
+    (workspace,) = pipe._pool["none"]
+    for buffer in workspace.cache._buffers:
+        buffer.to_host()[...] *= -3.0  # every kept key and value
+    second = a.send(first)
+    warm = pipe.generate(second, max_new_tokens=12, k=0)
+    cold = Pipeline.load(llama_pair.artifact, prefix=COLD).generate(
+        second, max_new_tokens=12, k=0
+    )
+    assert warm.stats.reused_prompt_tokens > 0
+    assert warm.token_ids != cold.token_ids
+
+
+def test_a_draft_model_keeps_its_prefix_and_reads_only_the_rest(llama_pair: TinyPair) -> None:
+    from specx.runtime.drafters.base import DraftRequest
+    from specx.runtime.drafters.model import ModelDrafter
+    from specx.runtime.verification.sampling import PositionNoise, SamplingParams
+
+    pipe = Pipeline.load(llama_pair.artifact)
+    drafter = pipe.new_drafter("mixed")
+    assert isinstance(drafter, ModelDrafter)
+    noise = PositionNoise(0, pipe.manifest.target.vocab_size)
+    request = DraftRequest(SamplingParams(), noise, scope="", prefixes=pipe.prefixes)
+    prompt = new_ids(12, 40)
+    drafter.start(prompt, request)
+    passes = drafter.session.passes
+    longer = np.concatenate([prompt, new_ids(13, 5)])
+    drafter.start(longer, request)
+    assert drafter.cache.length == len(longer) - 1
+    assert drafter.session.passes == passes + 1  # one pass over the 5 new tokens
+    assert drafter.cache.held().tolist() == longer[:-1].tolist()
+    drafter.start(longer, DraftRequest(SamplingParams(), noise, scope="x", prefixes=None))
+    assert drafter.session.passes == passes + 2 + (len(longer) - 2) // 128  # another scope
