@@ -422,7 +422,7 @@ def test_a_batch_shares_its_draft_models_passes_and_unbinds_its_drafters(
     assert drafters[0].propose(ids, 3).tokens.tolist() == fresh.propose(ids, 3).tokens.tolist()
     for s in seqs:  # the draft rows keep a prefix of what their sequences committed
         held = rows.cache.held(s.row)
-        assert 0 < held.shape[0] and held.tolist() == s.committed[: held.shape[0]].tolist()
+        assert held.shape[0] > 0 and held.tolist() == s.committed[: held.shape[0]].tolist()
 
 
 def test_rows_sharing_a_prompt_prefix_copy_it_and_decode_as_alone(batched_llama: Any) -> None:

@@ -148,9 +148,7 @@ def test_a_corrupted_store_entry_is_caught_and_never_served(llama_pair: TinyPair
     entry.values[0][0, 3, 0] += 1.0  # one value of position 3 of layer 0's keys
     second = a.send(first)
     warm = pipe.generate(second, max_new_tokens=12, k=0)
-    cold = Pipeline.load(llama_pair.artifact, prefix=COLD).generate(
-        second, max_new_tokens=12, k=0
-    )
+    cold = Pipeline.load(llama_pair.artifact, prefix=COLD).generate(second, max_new_tokens=12, k=0)
     assert store.counts.corrupt == 1 and len(store) == 1  # only the other prompt's entry left
     assert warm.stats.reused_prompt_tokens == 0
     assert warm.token_ids == cold.token_ids
@@ -169,9 +167,7 @@ def test_the_warm_equals_cold_check_fails_when_a_kept_prefix_is_wrong(
         buffer.to_host()[...] *= -3.0  # every kept key and value
     second = a.send(first)
     warm = pipe.generate(second, max_new_tokens=12, k=0)
-    cold = Pipeline.load(llama_pair.artifact, prefix=COLD).generate(
-        second, max_new_tokens=12, k=0
-    )
+    cold = Pipeline.load(llama_pair.artifact, prefix=COLD).generate(second, max_new_tokens=12, k=0)
     assert warm.stats.reused_prompt_tokens > 0
     assert warm.token_ids != cold.token_ids
 
