@@ -70,3 +70,30 @@ def thread_pool(threads: int | None) -> None:
         from specx.runtime.backends import use_global_thread_pool
 
         use_global_thread_pool(threads)
+
+
+def prompt_cache_options(func: F) -> F:
+    """--prompt-cache-mb and --no-prefix-reuse: how prompts are kept between generations
+    (runtime/prefix); the command turns them into a PrefixConfig with prefix_config."""
+    from specx.runtime.prefix.cache import DEFAULT_STORE_MB
+
+    func = click.option(
+        "--no-prefix-reuse",
+        is_flag=True,
+        help="Read every prompt whole: no cache keeps a prompt for a later one.",
+    )(func)
+    return click.option(
+        "--prompt-cache-mb",
+        type=int,
+        default=DEFAULT_STORE_MB,
+        show_default=True,
+        help="Host memory for prompts whose caches went to other prompts, brought back when a "
+        "later prompt starts with one (0: off).",
+    )(func)
+
+
+def prefix_config(prompt_cache_mb: int, no_prefix_reuse: bool) -> Any:
+    """The PrefixConfig of prompt_cache_options' flags (InputError for a negative size)."""
+    from specx.runtime.prefix import PrefixConfig
+
+    return PrefixConfig(reuse=not no_prefix_reuse, store_mb=prompt_cache_mb)

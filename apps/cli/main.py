@@ -18,6 +18,8 @@ import click
 from specx.apps.cli.bench import bench
 from specx.apps.cli.common import (
     debug_option,
+    prefix_config,
+    prompt_cache_options,
     provider_option,
     thread_pool,
     threads_option,
@@ -143,6 +145,14 @@ What stays equal to the target alone:
     help="With --json: each token's log-probability and this many alternatives (0..20).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option(
+    "-i",
+    "--interactive",
+    is_flag=True,
+    help="A conversation: one user message per line of standard input (after --prompt, if "
+    "given), through the chat template; each turn reuses what the cache holds of the last.",
+)
+@prompt_cache_options
 @provider_option
 @threads_option
 @debug_option
@@ -170,6 +180,9 @@ def run(
     json_object: bool,
     logprobs: int | None,
     as_json: bool,
+    interactive: bool,
+    prompt_cache_mb: int,
+    no_prefix_reuse: bool,
     providers: tuple[str, ...],
     threads: int | None,
     debug: bool,
@@ -199,7 +212,8 @@ def run(
         grammar = Grammar.from_file(grammar_file)
     elif json_object:
         grammar = Grammar.json_object()
-    text = _read_prompt(prompt, prompt_file)
+    prefix = prefix_config(prompt_cache_mb, no_prefix_reuse)
+    text = prompt if interactive else _read_prompt(prompt, prompt_file)
     settings = GenerationSettings(
         max_new_tokens=max_new_tokens,
         k=0 if no_draft else k,
@@ -213,7 +227,12 @@ def run(
         logprobs=logprobs,
     )
     thread_pool(threads)
-    pipeline = Pipeline.load(artifact, providers=providers or None, threads=threads)
+    pipeline = Pipeline.load(artifact, providers=providers or None, threads=threads, prefix=prefix)
+    if interactive:
+        from specx.apps.cli.chat import converse, user_turns
+
+        converse(pipeline, settings, user_turns(text), system, as_json)
+        return
     generation = pipeline.stream(text, settings)
     interrupted = False
     try:

@@ -9,6 +9,8 @@ import click
 
 from specx.apps.cli.common import (
     debug_option,
+    prefix_config,
+    prompt_cache_options,
     provider_option,
     thread_pool,
     threads_option,
@@ -109,6 +111,7 @@ def grammar_config(options: dict[str, Any]) -> dict[str, Any]:
     help="Read API keys from a file, one a line (keeps them out of the process list).",
 )
 @grammar_options
+@prompt_cache_options
 @provider_option
 @threads_option
 @debug_option
@@ -128,6 +131,8 @@ def serve(
     providers: tuple[str, ...],
     threads: int | None,
     debug: bool,
+    prompt_cache_mb: int,
+    no_prefix_reuse: bool,
     **grammar: Any,
 ) -> None:
     """Serve ARTIFACT over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
@@ -159,9 +164,10 @@ def serve(
             "a row)",
         )
     keys = read_keys(api_keys, api_key_file)  # before loading: a bad key file fails fast
+    prefix = prefix_config(prompt_cache_mb, no_prefix_reuse)
     grammars = grammar_config(grammar)
     thread_pool(threads)
-    pipeline = Pipeline.load(artifact, providers=providers or None, threads=threads)
+    pipeline = Pipeline.load(artifact, providers=providers or None, threads=threads, prefix=prefix)
     if batch:
         pipeline.enable_batching(batch, batch_context)
     config = ServeConfig(

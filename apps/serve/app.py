@@ -12,6 +12,7 @@ Every error is OpenAI's error object with a 4xx/5xx status; nothing answers with
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -149,6 +150,7 @@ class Server:
     async def prometheus(self, request: HttpRequest) -> Response:
         self.metrics.queue_depth.set(self.engine.waiting)
         self.metrics.active.set(self.engine.active)
+        self.metrics.read_store(self.pipeline.prefixes.store)
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def completions(self, request: HttpRequest) -> Response:
@@ -247,8 +249,23 @@ class Server:
             message = e.message + (f" ({e.hint})" if e.hint else "")
             raise RequestError(message, param_of(e, chat, request.tools is not None)) from e
         await self.grammars.check(settings, chat, request.tools)
+        scope = self.cache_scope(http, request.cache_salt)
+        settings = GenerationSettings.of(settings, cache_scope=scope)
         deadline = time.monotonic() + self.config.request_timeout_s
         return request, Job(prompt, settings, request.stop, deadline)
+
+    def cache_scope(self, http: HttpRequest, salt: str | None) -> str:
+        """Whose prompts a request may reuse: its API key's (every client is one tenant where
+        the server takes no keys), narrowed by its cache_salt. Hashed: the caches never hold a
+        key."""
+        tenant = ""
+        if self.config.api_keys:
+            header = http.headers.get("authorization", "")
+            token = header.partition(" ")[2].strip()
+            tenant = "key:" + hashlib.sha256(token.encode()).hexdigest()[:32]
+        if salt is None:
+            return tenant
+        return tenant + "|salt:" + hashlib.sha256(salt.encode()).hexdigest()[:32]
 
     async def _stream(
         self,

@@ -11,6 +11,9 @@ field (`param`) and a message, sent back as OpenAI's error object. The mapping:
     logprobs, top_logprobs              GenerationSettings.logprobs
     top_k, min_p, k ("auto" or 0..16), drafter, verification
                                         specx's extras (OpenAI clients: extra_body)
+    cache_salt                          narrows the prompt cache's scope (vLLM's field): only
+                                        requests of the same API key and salt reuse each other's
+                                        prompts
 
 Fields that would change the output distribution and that specx does not implement
 (presence/frequency penalties, logit_bias) are refused rather than ignored.
@@ -52,6 +55,7 @@ class Request:
     stop: tuple[str, ...] = ()
     max_tokens_given: bool = False
     tools: Tools | None = None
+    cache_salt: str | None = None  # narrows the prompt cache's scope within the API key's
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -144,6 +148,21 @@ def _prompt(body: dict[str, Any]) -> str | list[int]:
     )
 
 
+MAX_SALT = 256  # characters of a cache_salt
+
+
+def _salt(body: dict[str, Any]) -> str | None:
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt or len(salt) > MAX_SALT:
+        raise RequestError(
+            f"cache_salt must be a non-empty string of at most {MAX_SALT} characters",
+            "cache_salt",
+        )
+    return salt
+
+
 def parse_request(body: Any, chat: bool) -> Request:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
@@ -214,6 +233,7 @@ def parse_request(body: Any, chat: bool) -> Request:
         stop=_stops(body),
         max_tokens_given=max_tokens is not None,
         tools=tools,
+        cache_salt=_salt(body),
     )
 
 
@@ -222,8 +242,8 @@ def finish_reason(stop_reason: str) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
-    """OpenAI's usage record; cached_tokens: prompt tokens whose keys and values were copied
-    from another request's (a shared prefix in a batch) instead of computed."""
+    """OpenAI's usage record; cached_tokens: prompt tokens whose keys and values an earlier
+    request of the same scope left (or another batch row holds) and were not computed again."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,

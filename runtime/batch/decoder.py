@@ -303,6 +303,8 @@ class BatchDecoder:
     def _release(self, s: Sequence) -> None:
         """Free a stopped sequence's row (and its draft row); they keep what they hold for a
         later prompt that starts the same way."""
+        if self.prefixes is not None and self.cache.lengths[s.row] > self.capacity - IDLE_ROOM:
+            self.prefixes.keep(self.cache, s.row, self.cache_key)  # what release drops of it
         self.cache.release(s.row, IDLE_ROOM)
         if s.draft_rows is not None and s.shared_drafter is not None:
             s.draft_rows.release(s.row)

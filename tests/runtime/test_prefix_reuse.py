@@ -192,3 +192,114 @@ def test_a_draft_model_keeps_its_prefix_and_reads_only_the_rest(llama_pair: Tiny
     assert drafter.cache.held().tolist() == longer[:-1].tolist()
     drafter.start(longer, DraftRequest(SamplingParams(), noise, scope="x", prefixes=None))
     assert drafter.session.passes == passes + 2 + (len(longer) - 2) // 128  # another scope
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"k": 0}, {"k": 3, "drafter": "mixed"}, {"k": "auto", "drafter": "ngram"}],
+    ids=["alone", "mixed", "ngram-auto"],
+)
+def test_a_batch_row_keeps_a_conversation_between_requests(
+    batched_llama: Any, options: dict[str, Any]
+) -> None:
+    """With batching on, each turn runs as a batch row: the row it leaves keeps the
+    conversation, and the next turn takes that row (draft row included) and reads the rest."""
+    artifact, _ = batched_llama
+    pipe = Pipeline.load(artifact)
+    pipe.enable_batching(max_batch=2, context=128)
+    cold_pipe = Pipeline.load(artifact, prefix=COLD)
+    cold_pipe.enable_batching(max_batch=2, context=128)
+    try:
+        warm = conversation(lambda p: pipe.generate(p, max_new_tokens=14, **options))
+        cold = conversation(lambda p: cold_pipe.generate(p, max_new_tokens=14, **options))
+    finally:
+        pipe.disable_batching()
+        cold_pipe.disable_batching()
+    assert [r.token_ids for r in warm] == [r.token_ids for r in cold]
+    for turn in (1, 2):
+        assert warm[turn].stats.reused_prompt_tokens == expected_reuse(warm, turn)
+        assert warm[turn].stats.prompt_cache == "cache"
+        assert cold[turn].stats.reused_prompt_tokens == 0
+
+
+def test_generate_batch_finds_the_last_batch_s_conversations_in_the_store(
+    batched_llama: Any,
+) -> None:
+    artifact, _ = batched_llama
+    pipe = Pipeline.load(artifact)
+    cold_pipe = Pipeline.load(artifact, prefix=COLD)
+    options = {"max_new_tokens": 12, "k": 2, "drafter": "mixed"}
+    firsts = [new_ids(20 + i, 10 + i) for i in range(3)]
+    turn1 = pipe.generate_batch(firsts, max_batch=3, **options)
+    seconds = [
+        np.concatenate([p, np.asarray(r.token_ids), new_ids(30 + i, 4)])
+        for i, (p, r) in enumerate(zip(firsts, turn1, strict=True))
+    ]
+    warm = pipe.generate_batch(seconds, max_batch=3, **options)
+    cold = cold_pipe.generate_batch(seconds, max_batch=3, **options)
+    assert [r.token_ids for r in warm] == [r.token_ids for r in cold]
+    for first, result in zip(turn1, warm, strict=True):
+        assert result.stats.prompt_cache == "store"
+        assert result.stats.reused_prompt_tokens == expected_reuse([first], 1)
+
+
+@pytest.fixture(scope="module")
+def kernel_pair(tmp_path_factory: Any) -> Any:
+    """A tiny qwen2 pair as int4 graphs on the specx kernels (GGUF blocks as stored)."""
+    pytest.importorskip("gguf")
+    from kernel_tools import kernels_path
+
+    from specx.exporter import ExportOptions, export_pair
+    from tests.gguf_models import write_gguf
+
+    kernels_path()  # skipped (or failed where the test command requires it) without them
+    folder = tmp_path_factory.mktemp("kernel-gguf")
+    target = write_gguf(folder / "target.gguf", "qwen2", seed=0)
+    draft = write_gguf(folder / "draft.gguf", "qwen2", seed=0, redraw=("blk.1.ffn_down.weight",))
+    out = folder / "artifact"
+    options = ExportOptions(max_length=128, precision="int4", kernels="specx", batched=True)
+    export_pair(str(target), [f"draft={draft}", "ngram"], out, options, lambda _m: None)
+    return out
+
+
+def _kept_bytes(pipe: Pipeline, drafter: str) -> list[bytes]:
+    """The bytes of every position the idle workspace's target cache holds."""
+    (workspace,) = pipe._pool[drafter]
+    cache = workspace.cache
+    return [v.tobytes() for v in cache.read_positions(0, 0, cache.length)]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"k": 0}, {"k": 3, "drafter": "draft"}, {"k": 5, "drafter": "ngram"}],
+    ids=["alone", "draft", "ngram"],
+)
+def test_on_the_specx_kernels_a_kept_prefix_holds_the_cold_bits(
+    kernel_pair: Any, options: dict[str, Any]
+) -> None:
+    """On the specx kernels a position's keys and values do not depend on the pass that
+    computed them (a verify pass, a prompt chunk): a warm turn's cache holds the bits a cold
+    turn's does, and its tokens are the cold ones."""
+    warm_pipe = Pipeline.load(kernel_pair)
+    cold_pipe = Pipeline.load(kernel_pair, prefix=COLD)
+    warm = conversation(lambda p: warm_pipe.generate(p, max_new_tokens=16, **options), seed=4)
+    cold = conversation(lambda p: cold_pipe.generate(p, max_new_tokens=16, **options), seed=4)
+    assert [r.token_ids for r in warm] == [r.token_ids for r in cold]
+    assert warm[2].stats.reused_prompt_tokens == expected_reuse(warm, 2) > 0
+    drafter = warm[2].stats.drafter
+    assert _kept_bytes(warm_pipe, drafter) == _kept_bytes(cold_pipe, drafter)
+
+
+def test_on_the_specx_kernels_a_batch_row_keeps_the_cold_bits(kernel_pair: Any) -> None:
+    """The same through batch rows (the batched graph and the gqa graph share them)."""
+    pipes = [Pipeline.load(kernel_pair), Pipeline.load(kernel_pair, prefix=COLD)]
+    runs = []
+    for pipe in pipes:
+        pipe.enable_batching(max_batch=2, context=128)
+        try:
+            runs.append(conversation(lambda p, pipe=pipe: pipe.generate(p, max_new_tokens=14, k=0)))
+        finally:
+            pipe.disable_batching()
+    warm, cold = runs
+    assert [r.token_ids for r in warm] == [r.token_ids for r in cold]
+    assert warm[2].stats.prompt_cache == "cache"
