@@ -17,13 +17,16 @@ MODEL = "tiny"
 
 
 @contextmanager
-def serving(artifact: Any, batch: int = 0, **config: Any) -> Iterator[tuple[str, Any, Pipeline]]:
-    """batch: rows of a shared batch (Pipeline.enable_batching; 0: each request alone)."""
+def serving(
+    artifact: Any, batch: int = 0, prefix: Any = None, context: int = 96, **config: Any
+) -> Iterator[tuple[str, Any, Pipeline]]:
+    """batch: rows of a shared batch of `context` positions (Pipeline.enable_batching; 0: each
+    request alone); prefix: the pipeline's PrefixConfig (default: prompts reused)."""
     import uvicorn
 
-    pipeline = Pipeline.load(artifact)
+    pipeline = Pipeline.load(artifact, prefix=prefix)
     if batch:
-        pipeline.enable_batching(max_batch=batch, context=96)
+        pipeline.enable_batching(max_batch=batch, context=context)
     app = Server(pipeline, ServeConfig(model_name=MODEL, **config)).app()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -39,9 +39,10 @@ from specx.runtime.errors import InputError
 from specx.runtime.prefix.cache import PrefixCache
 from specx.runtime.settings import MAX_K
 
-# the widest pass over rows that spans a free row: a prompt chunk, or a verify pass; a free row
-# keeps at most capacity - IDLE_ROOM positions, since such a pass writes at its length too
-IDLE_ROOM = max(PromptReader.PREFILL_CHUNK, MAX_K + 1)
+# the widest verify pass: a free row keeps at most capacity - IDLE_ROOM positions, since a pass
+# over rows around it writes padding at its length too (a prompt pass over several rows checks
+# that every row in its span has room, else reads them one by one: prefill.py)
+IDLE_ROOM = MAX_K + 1
 
 
 class BatchDecoder:
