@@ -5,6 +5,7 @@ cache_salt's prompt, and counts its hits and store in /metrics."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -59,7 +60,7 @@ def test_a_conversation_reads_only_its_new_turn_and_answers_as_without_reuse(
         r.choices[0].message.content for r in cold
     ]
     assert warm[0].usage.prompt_tokens_details.cached_tokens == 0
-    for before, reply in zip(warm, warm[1:], strict=False):
+    for before, reply in itertools.pairwise(warm):
         cached = reply.usage.prompt_tokens_details.cached_tokens
         # at least the whole previous prompt (the template renders it the same way again)
         assert cached >= before.usage.prompt_tokens
