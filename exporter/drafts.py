@@ -1,9 +1,9 @@
 """The export's `--draft` entries, resolved once against the drafter registry.
 
 An entry is a model source (a folder, a .gguf file, a hub id), ``NAME=SOURCE``, or a registry
-keyword (``int8``, ``int4``, ``ngram``); ``ngram+ENTRY`` exports ENTRY and makes the hybrid the
-artifact's default drafter. Unnamed model drafts are called draft, draft2, ...; the target's own
-source drafts as ``self``.
+keyword (``int8``, ``int4``, ``ngram``, ``suffix``); ``ngram+ENTRY`` or ``suffix+ENTRY`` exports
+ENTRY and makes the hybrid the artifact's default drafter. Unnamed model drafts are called
+draft, draft2, ...; the target's own source drafts as ``self``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specx.runtime.drafters import registry
-from specx.runtime.drafters.hybrid import PREFIX as HYBRID_PREFIX
 from specx.runtime.drafters.registry import DrafterKind
 from specx.runtime.errors import ExportError
 
@@ -74,7 +73,13 @@ class DraftEntry:
     name: str  # how `specx run --draft` selects it
     source: str  # the model source, or the keyword
     kind: DrafterKind
-    hybrid: bool = False  # given as ngram+ENTRY: the artifact's default becomes ngram+NAME
+    # given as ngram+ENTRY or suffix+ENTRY: that prefix; the artifact's default is then the
+    # hybrid PREFIX + NAME
+    lookup: str = ""
+
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.lookup)
 
 
 def same_source(a: str, b: str) -> bool:
@@ -120,11 +125,12 @@ def resolve_drafts(drafts: Sequence[str], target: str) -> list[DraftEntry]:
         if inner is not None and kind.export == registry.EXPORT_NOTHING:
             raise ExportError(
                 f"{entry}: a lookup can only be put in front of a draft model",
-                "use ngram+int8, ngram+int4, ngram+PATH or ngram+NAME=PATH",
+                "use ngram+int8, ngram+int4, ngram+PATH or ngram+NAME=PATH (or suffix+...)",
             )
         if name in (e.name for e in entries):
             raise ExportError(f"two drafts are named {name!r}", "give each draft its own NAME=")
-        entries.append(DraftEntry(name, source, kind, hybrid=inner is not None))
+        prefix = registry.hybrid_prefix(entry) if inner is not None else None
+        entries.append(DraftEntry(name, source, kind, lookup=prefix or ""))
     return entries
 
 
@@ -133,4 +139,4 @@ def default_drafter(entries: list[DraftEntry]) -> str | None:
     if not entries:
         return None
     first = entries[0]
-    return HYBRID_PREFIX + first.name if first.hybrid else first.name
+    return first.lookup + first.name

@@ -34,6 +34,7 @@ from specx.runtime.decode.sequence import Emit
 from specx.runtime.decode.stats import Stats
 from specx.runtime.drafters import registry
 from specx.runtime.drafters.base import Drafter, reads_prompt_features
+from specx.runtime.drafters.suffix import SuffixHistory
 from specx.runtime.errors import ArtifactError, InputError, concerning
 from specx.runtime.grammar_limits import DEFAULT_LIMITS, GrammarLimits
 from specx.runtime.kv_cache import KVCache
@@ -88,6 +89,7 @@ class Pipeline:
         # what a grammar may cost the matcher (grammar_limits.py); a server may raise them
         self.grammar_limits: GrammarLimits = DEFAULT_LIMITS
         self.prefixes = PrefixCache(prefix or PrefixConfig())  # prompts kept between generations
+        self.history = SuffixHistory()  # earlier generations' outputs, for suffix drafting
 
     @classmethod
     def load(
@@ -147,7 +149,10 @@ class Pipeline:
     def new_drafter(self, drafter_name: str) -> Drafter | None:
         """A drafter of its own (with its own cache) for one generation at a time."""
         resources = registry.DraftResources(
-            self.manifest, lambda spec: self.draft_session(spec).fork(), self.manifest.max_length
+            self.manifest,
+            lambda spec: self.draft_session(spec).fork(),
+            self.manifest.max_length,
+            self.history,
         )
         return registry.build_drafter(drafter_name, resources)
 

@@ -32,6 +32,7 @@ from specx.runtime.drafters.base import (
     Drafter,
     DraftRequest,
     FeatureReader,
+    HistoryKeeper,
     Proposal,
     SharedPassDrafter,
     is_lookup,
@@ -258,7 +259,10 @@ class Sequence:
         return np.zeros(0, dtype=np.int64)
 
     def finish(self, reason: str) -> None:
-        """It stops here (the first reason given stands)."""
+        """It stops here (the first reason given stands); a drafter that learns from whole
+        generations is handed its output once."""
+        if not self.done and isinstance(self.drafter, HistoryKeeper):
+            self.drafter.finish(np.asarray(self.tokens, dtype=np.int64))
         self.done = True
         self.stats.stop_reason = self.stats.stop_reason or reason
 

@@ -24,6 +24,7 @@ from specx.runtime.drafters.registry import (
     default_drafter,
     drafter_names,
 )
+from specx.runtime.drafters.suffix import SuffixDrafter, SuffixHistory
 
 __all__ = [
     "KINDS",
@@ -41,6 +42,8 @@ __all__ = [
     "ModelDrafter",
     "NgramDrafter",
     "Proposal",
+    "SuffixDrafter",
+    "SuffixHistory",
     "build_drafter",
     "default_drafter",
     "drafter_names",

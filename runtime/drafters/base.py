@@ -151,6 +151,15 @@ class FeatureReader(Protocol):
     def observe_features(self, position: int, features: np.ndarray) -> None: ...
 
 
+@runtime_checkable
+class HistoryKeeper(Protocol):
+    """A drafter that learns from whole generations (suffix drafting keeps their outputs)."""
+
+    def finish(self, output: np.ndarray) -> None:
+        """The generation ended with these new tokens ([n])."""
+        ...
+
+
 def reads_prompt_features(drafter: Drafter | None) -> bool:
     """Whether the drafter needs the target's features of every prompt position (a feature
     draft, alone or behind a lookup): then no prompt prefix may be reused, since the target

@@ -1,6 +1,7 @@
-"""n-gram lookup first, a draft model when the lookup finds nothing (like "lookahead" plus a
-draft). Lookups are free and often long on input-grounded or repetitive text; the model covers
-the rest. The model's cache only catches up when it is used."""
+"""A lookup first, a draft model when the lookup finds nothing (like "lookahead" plus a draft):
+``ngram+X`` (prompt lookup) or ``suffix+X`` (suffix drafting over the context and earlier
+generations). Lookups are free and often long on input-grounded or repetitive text; the model
+covers the rest. The model's cache only catches up when it is used."""
 
 from __future__ import annotations
 
@@ -20,16 +21,21 @@ from specx.runtime.drafters.base import (
     SharedPassDrafter,
 )
 from specx.runtime.drafters.ngram import NgramDrafter
+from specx.runtime.drafters.suffix import SuffixDrafter
 
 if TYPE_CHECKING:
     from specx.runtime.drafters.shared_passes import DraftRows
 
 PREFIX = "ngram+"  # a hybrid's name: ngram+NAME, NAME a model draft of the artifact
+SUFFIX_PREFIX = "suffix+"  # or suffix+NAME: suffix drafting in front of the model
+PREFIXES = (PREFIX, SUFFIX_PREFIX)
 
 
 class HybridDrafter:
-    def __init__(self, lookup: NgramDrafter, model: Drafter, min_match_tokens: int = 2) -> None:
-        self.name = PREFIX + model.name
+    def __init__(
+        self, lookup: NgramDrafter | SuffixDrafter, model: Drafter, min_match_tokens: int = 2
+    ) -> None:
+        self.name = f"{lookup.name}+{model.name}"
         self.lookup = lookup
         self.model = model
         self.min_match_tokens = min_match_tokens
@@ -50,7 +56,7 @@ class HybridDrafter:
         if self._used_model:
             self.lookup.forget()
             return self.model.propose(context, k, plan)
-        return self.lookup.propose(context, k)
+        return self.lookup.propose(context, k, plan)
 
     # a batch shares the model's passes (the lookups cost nothing to share)
     def draft_session(self, source: str) -> GraphSession | None:
@@ -74,6 +80,11 @@ class HybridDrafter:
     def commit(self, num_accepted: int) -> None:
         if self._used_model:
             self.model.commit(num_accepted)
+
+    def finish(self, output: np.ndarray) -> None:
+        """The generation ended: a suffix lookup keeps its output for later ones."""
+        if isinstance(self.lookup, SuffixDrafter):
+            self.lookup.finish(output)
 
     def observe_features(self, position: int, features: np.ndarray) -> None:
         """Passed on to a feature draft (a draft model reads none)."""

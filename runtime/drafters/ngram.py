@@ -111,7 +111,7 @@ class NgramDrafter:
         return lookup_source(self._found[2]) if found.size else NONE
 
     def propose(self, context: np.ndarray, k: int, plan: DraftPlan | None = None) -> Proposal:
-        """`plan` is not asked: a lookup has no confidence, and its tokens cost nothing."""
+        """`plan` is not asked: this lookup has no confidence, and its tokens cost nothing."""
         found = self.continuation(context)
         self.forget()
         return Proposal(found[:k] if k > 0 else EMPTY)

@@ -4,9 +4,10 @@ builder and the bench all read it; a new drafter is one module in this package p
 KINDS.
 
 Names a user meets: at export, ``--draft`` takes a model source (a path, ``NAME=PATH``) or a
-keyword (``int8``, ``int4``, ``ngram``, ``ngram+X``); at run time, ``--draft`` takes a name the
-artifact offers (``drafter_names``): every exported draft by its name, ``ngram``, ``ngram+NAME``
-for every exported draft, and ``none``.
+keyword (``int8``, ``int4``, ``ngram``, ``suffix``, ``ngram+X``, ``suffix+X``); at run time,
+``--draft`` takes a name the artifact offers (``drafter_names``): every exported draft by its
+name, ``ngram``, ``suffix``, ``ngram+NAME`` and ``suffix+NAME`` for every exported draft, and
+``none``.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from specx.runtime.artifact.contract import Manifest, ModelSpec
 from specx.runtime.backends.base import GraphSession
 from specx.runtime.drafters.base import Drafter
 from specx.runtime.drafters.eagle import EagleDrafter
-from specx.runtime.drafters.hybrid import PREFIX, HybridDrafter
+from specx.runtime.drafters.hybrid import PREFIX, PREFIXES, SUFFIX_PREFIX, HybridDrafter
 from specx.runtime.drafters.model import ModelDrafter
 from specx.runtime.drafters.ngram import NgramDrafter
+from specx.runtime.drafters.suffix import SuffixDrafter, SuffixHistory
 from specx.runtime.errors import InputError
 
 NO_DRAFTER = "none"  # the target alone
@@ -40,6 +42,7 @@ class DraftResources:
     manifest: Manifest
     session_for: Callable[[ModelSpec], GraphSession]  # a fork of the loaded graph of a draft
     capacity: int  # cache positions
+    history: SuffixHistory | None = None  # earlier generations' outputs (suffix drafting)
 
 
 @dataclass(frozen=True)
@@ -80,10 +83,16 @@ def _ngram(name: str, res: DraftResources) -> NgramDrafter:
     return NgramDrafter(eos_token_ids=res.manifest.special_tokens.eos_token_ids)
 
 
+def _suffix(name: str, res: DraftResources) -> SuffixDrafter:
+    return SuffixDrafter(res.history, res.manifest.special_tokens.eos_token_ids)
+
+
 def _hybrid(name: str, res: DraftResources) -> HybridDrafter:
-    inner = name.removeprefix(PREFIX)
+    inner = split_hybrid(name)
+    assert inner is not None
     kind = kind_of_spec(res.manifest, res.manifest.find_draft(inner))
-    return HybridDrafter(_ngram("ngram", res), kind.build(inner, res))
+    lookup = _suffix("suffix", res) if name.startswith(SUFFIX_PREFIX) else _ngram("ngram", res)
+    return HybridDrafter(lookup, kind.build(inner, res))
 
 
 KINDS: dict[str, DrafterKind] = {
@@ -139,8 +148,16 @@ KINDS: dict[str, DrafterKind] = {
             keyword="ngram",
         ),
         DrafterKind(
+            "suffix",
+            "suffix drafting: continuations of the longest match in the text so far and in "
+            "earlier generations of the same user (no model; always available at run time)",
+            EXPORT_NOTHING,
+            _suffix,
+            keyword="suffix",
+        ),
+        DrafterKind(
             "hybrid",
-            "ngram+X: a lookup when the text so far has a match, draft X otherwise "
+            "ngram+X or suffix+X: a lookup when the text so far has a match, draft X otherwise "
             "(exports X; the hybrid becomes the default)",
             EXPORT_NOTHING,
             _hybrid,
@@ -149,12 +166,18 @@ KINDS: dict[str, DrafterKind] = {
     )
 }
 # Names a model draft may not take at export: they mean something else on the command line.
-RESERVED_NAMES = (NO_DRAFTER, "target", "auto", *(k.keyword for k in KINDS.values() if k.keyword))
+RESERVED_NAMES = (
+    NO_DRAFTER,
+    "target",
+    "auto",
+    SUFFIX_PREFIX,
+    *(k.keyword for k in KINDS.values() if k.keyword),
+)
 
 
 def keyword_kind(entry: str) -> DrafterKind | None:
-    """The kind an export --draft entry names by keyword (int8, int4, ngram); None for a model
-    source. ngram+X is a hybrid: see split_hybrid."""
+    """The kind an export --draft entry names by keyword (int8, int4, ngram, suffix); None for a
+    model source. ngram+X and suffix+X are hybrids: see split_hybrid."""
     return next((k for k in KINDS.values() if k.keyword == entry == k.name), None)
 
 
@@ -163,9 +186,15 @@ def model_free_kinds() -> list[DrafterKind]:
     return [k for k in KINDS.values() if k.export == EXPORT_NOTHING and k.keyword == k.name]
 
 
+def hybrid_prefix(entry: str) -> str | None:
+    """The lookup part of a hybrid's name (ngram+ or suffix+), else None."""
+    return next((p for p in PREFIXES if entry.startswith(p)), None)
+
+
 def split_hybrid(entry: str) -> str | None:
-    """X for an entry ngram+X, else None."""
-    return entry.removeprefix(PREFIX) if entry.startswith(PREFIX) else None
+    """X for an entry ngram+X or suffix+X, else None."""
+    prefix = hybrid_prefix(entry)
+    return entry.removeprefix(prefix) if prefix is not None else None
 
 
 def kind_of_spec(manifest: Manifest, spec: ModelSpec) -> DrafterKind:
@@ -182,11 +211,12 @@ def kind_of_spec(manifest: Manifest, spec: ModelSpec) -> DrafterKind:
 
 
 def drafter_names(manifest: Manifest) -> list[str]:
-    """What `--draft` may name for this artifact: its draft models, n-gram lookup (always),
-    each draft model behind a lookup, and none."""
+    """What `--draft` may name for this artifact: its draft models, n-gram lookup and suffix
+    drafting (always), each draft model behind either lookup, and none."""
     models = [d.name for d in manifest.drafts]
     free = [k.name for k in model_free_kinds()]
-    return [*models, *free, *(PREFIX + m for m in models), NO_DRAFTER]
+    hybrids = [p + m for p in PREFIXES for m in models]
+    return [*models, *free, *hybrids, NO_DRAFTER]
 
 
 def default_drafter(manifest: Manifest) -> str:
