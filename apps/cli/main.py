@@ -213,7 +213,7 @@ def run(
     elif json_object:
         grammar = Grammar.json_object()
     prefix = prefix_config(prompt_cache_mb, no_prefix_reuse)
-    text = prompt if interactive else _read_prompt(prompt, prompt_file)
+    text: str | None = prompt if interactive else _read_prompt(prompt, prompt_file)
     settings = GenerationSettings(
         max_new_tokens=max_new_tokens,
         k=0 if no_draft else k,
@@ -233,6 +233,7 @@ def run(
 
         converse(pipeline, settings, user_turns(text), system, as_json)
         return
+    assert text is not None
     generation = pipeline.stream(text, settings)
     interrupted = False
     try:
