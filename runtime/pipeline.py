@@ -328,6 +328,8 @@ class Pipeline:
                 )
             max_k = min(settings.max_k, limit)
             policy = AdaptiveK(max_k=max_k)
+            policy.draft_ratio = self.draft_ratio(name)
+            policy.lazy_draft = not batched  # alone, the draft reads the prompt when first asked
             previous = self.learned_policy(policy_memory(name, batched))
             if previous is not None:
                 policy.inherit(previous)
@@ -350,6 +352,16 @@ class Pipeline:
                 "drafter",
             )
         return FixedK(k), k, name
+
+    def draft_ratio(self, drafter: str) -> float | None:
+        """The weight bytes a pass of the drafter's model reads over the target's (a draft
+        pass's cost until one is measured); None for drafters without a model."""
+        inner = registry.split_hybrid(drafter) or drafter
+        spec = next((d for d in self.manifest.drafts if d.name == inner), None)
+        target = self.manifest.target.weight_bytes
+        if spec is None or spec.head is not None or not spec.weight_bytes or not target:
+            return None
+        return spec.weight_bytes / target
 
     def validate(self, settings: GenerationSettings) -> None:
         """Raise the InputError that `stream` would raise for these settings on this artifact

@@ -327,3 +327,14 @@ def distilled(tmp_path_factory: Any, tokenizer: Any) -> dict[str, Any]:
         "options": options,
         "logs": logs,
     }
+
+
+@pytest.fixture
+def cheap_drafts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """-k auto assumes a draft pass costs what its weights say (Pipeline.draft_ratio) until it
+    is measured; the tiny pairs' drafts are as large as their targets, so it would never ask
+    them. Tests of what -k auto does while drafting pretend they are twenty times smaller, as
+    real pairs' drafts are several times smaller."""
+    from specx.runtime import Pipeline
+
+    monkeypatch.setattr(Pipeline, "draft_ratio", lambda self, drafter: 0.05)

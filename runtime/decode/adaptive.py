@@ -17,7 +17,17 @@ A lookup that matched is cheap and tends to run on, so it deserves a longer K th
 which pays a pass for every token; one estimate for both would fit neither. The target's verify
 cost is shared: it does not depend on who drafted. A lookup's first position is also learned at
 the steps that do not draft it (asking a lookup costs nothing: sequence.lookup_guess), so that a
-batch that stops drafting lookups does not keep the estimate it stopped on.
+batch that stops drafting lookups does not keep the estimate it stopped on; lookups are never
+probed for that reason.
+
+Never losing to the target alone. Before anything is measured the costs are not guessed low: a
+verify pass's extra row costs what a prompt pass paid per token (observe_prefill: an upper bound
+on CPUs, where extra rows are compute), and a draft model's pass what its size predicts relative
+to the target's (draft_ratio). A model draft is not asked at a generation's first step when it
+reads the prompt lazily (lazy_draft: the first token is not delayed by the draft's prefill). Where
+even drafts that are always accepted could not beat K = 0 at the measured costs, the policy no
+longer probes; otherwise a probe comes no more often than its measured extra cost allows within
+PROBE_BUDGET of the time spent at K = 0 since the last one.
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from specx.runtime.decode.policy import StepDecision, StepResult
-from specx.runtime.drafters.base import MODEL, NONE, DraftPlan
+from specx.runtime.drafters.base import MODEL, NONE, DraftPlan, is_lookup
 
 DEFAULT_SOURCE = MODEL
 # Buckets of a draft model's own top probability, and the acceptance guessed for each before the
@@ -62,6 +72,7 @@ class SourceEstimate:
     # choosing K = 0 (an idle draft model costs nothing; a probe costs drafting and catch-up)
     probe_after: int = 0
     probing: bool = False  # the last step of this source was a probe
+    probe_cost_s: float = 0.0  # the last probe's seconds beyond a one-token pass
 
     def __post_init__(self) -> None:
         self.reached += [0.0] * (self.max_k - len(self.reached))
@@ -91,6 +102,8 @@ class SourceEstimate:
             1 if self.steps else 0,
             self.zero_streak,  # the probes' rhythm goes on: short generations still probe
             self.probe_after,
+            False,
+            self.probe_cost_s,
         )
 
     def accept_given_confidence(self, top: float, prior_weight: float) -> float:
@@ -106,8 +119,11 @@ def _take_all(position: int, top: float) -> tuple[bool, bool]:
 
 
 class AdaptiveK:
-    PROBE_MOST = 64  # the longest run of K = 0 steps between probes
-    HOLD = 0.95  # keep K = 1 while it is expected within this share of K = 0's rate
+    PROBE_MOST = 1024  # the longest run of K = 0 steps between probes
+    PROBE_BUDGET = 0.02  # what probes may cost: this share of the time spent at K = 0
+    # keep a model draft at K = 1 while it is expected within this share of K = 0's rate (an idle
+    # draft model must catch up when it drafts again); a lookup has nothing to catch up
+    HOLD = 0.98
 
     def __init__(
         self,
@@ -133,6 +149,12 @@ class AdaptiveK:
         self.width_prior = 1.0  # one pass's worth of weight for the line at each width
         self.token_s: float | None = None  # seconds per committed token, recent steps
         self.history: list[int] = []
+        # what an extra row of a verify pass costs where the widths seen do not say: the last
+        # slope the widths gave, else a prompt pass's seconds per token (observe_prefill)
+        self.row_s: float | None = None
+        # a draft model's one-token pass over the target's, assumed until a draft is measured
+        self.draft_ratio: float | None = None
+        self.lazy_draft = False  # the draft model reads the prompt only when first asked
 
     def _estimate(self, source: str) -> SourceEstimate:
         if source not in self.sources:
@@ -148,6 +170,7 @@ class AdaptiveK:
         }
         self._fit = [keep * x for x in previous._fit]
         self.token_s = previous.token_s
+        self.row_s = previous.row_s
         widths = [(keep * n, keep * t) for n, t in previous._by_width]
         self._by_width = (widths + [(0.0, 0.0)] * len(self._by_width))[: len(self._by_width)]
 
@@ -177,15 +200,38 @@ class AdaptiveK:
 
     def verify_line_s(self, width: int) -> float:
         """A target pass over `width` tokens, from a line fitted to every pass seen."""
-        n, sw, st, sww, swt = self._fit
+        n, sw, st = self._fit[:3]
         if n < 1e-9:
             return 1.0
         mean_w, mean_t = sw / n, st / n
-        var = sww / n - mean_w * mean_w
-        # Without spread in the widths seen yet, assume 5% more per extra token (memory-bound
-        # passes cost little more for a few more tokens: docs/bench/measurements.md).
-        slope = (swt / n - mean_w * mean_t) / var if var > 0.25 else 0.05 * mean_t / mean_w
+        fitted = self._fitted_slope()
+        if fitted is not None:
+            slope = fitted
+        elif self.row_s is not None:
+            slope = self.row_s  # the last slope measured, or a prompt pass's cost per token
+        else:
+            # nothing says: 5% more per extra token (memory-bound passes cost little more for a
+            # few more tokens: docs/bench/measurements.md)
+            slope = 0.05 * mean_t / mean_w
         return max(1e-6, mean_t + max(0.0, slope) * (width - mean_w))
+
+    def _fitted_slope(self) -> float | None:
+        """Seconds per extra token of the line through the passes seen (None: too little spread
+        in their widths to say)."""
+        n, sw, st, sww, swt = self._fit
+        if n < 1e-9:
+            return None
+        mean_w, mean_t = sw / n, st / n
+        var = sww / n - mean_w * mean_w
+        return (swt / n - mean_w * mean_t) / var if var > 0.25 else None
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        """The prompt's passes read `tokens` in `seconds`: until the verify widths measured say
+        otherwise, an extra row of a verify pass is assumed to cost as much as a prompt token
+        (on a CPU extra rows are compute, as the prompt's are; where they are nearly free, as
+        on a GPU, so is the prompt)."""
+        if tokens >= 8 and seconds > 0:
+            self.row_s = seconds / tokens
 
     def verify_s(self, width: int) -> float:
         """A target pass over `width` tokens: the passes measured at that width, shrunk toward
@@ -205,13 +251,30 @@ class AdaptiveK:
         est = self._estimate(source)
         return est.draft_s(k, self.width_prior) if est.draft_seen else None
 
+    def _draft_s(self, est: SourceEstimate, source: str, k: int) -> float:
+        """Drafting k tokens from `source`: as measured, or before that, for a draft model, k
+        passes of draft_ratio times a one-token target pass (a lookup: free)."""
+        if not est.draft_seen and source == MODEL and self.draft_ratio is not None:
+            return k * self.draft_ratio * self.verify_s(1)
+        return est.draft_s(k, self.width_prior)
+
     def expected_rates(self, source: str = DEFAULT_SOURCE) -> list[float]:
         """[max_k + 1] expected tokens per second for K = 0..max_k under the current estimates."""
         est = self._estimate(source)
         return [
-            tokens / (est.draft_s(k, self.width_prior) + self.verify_s(k + 1))
+            tokens / (self._draft_s(est, source, k) + self.verify_s(k + 1))
             for k, tokens in enumerate(self.expected_tokens(source))
         ]
+
+    def can_pay(self, source: str = DEFAULT_SOURCE) -> bool:
+        """Whether drafts from `source` that were always accepted would beat K = 0 at the
+        measured costs (False: probing them is a pure loss)."""
+        est = self._estimate(source)
+        alone = 1.0 / self.verify_s(1)
+        return any(
+            (k + 1) / (self._draft_s(est, source, k) + self.verify_s(k + 1)) > alone
+            for k in range(1, self.max_k + 1)
+        )
 
     def decide(self, source: str = DEFAULT_SOURCE, choose: bool = True) -> StepDecision:
         """K for a step whose proposal comes from `source`, with the drafting plan for it.
@@ -225,16 +288,20 @@ class AdaptiveK:
     def choose_k(self, source: str = DEFAULT_SOURCE) -> int:
         if source == NONE:
             return 0  # the drafter has nothing to offer (a lookup without a match)
+        if source == MODEL and self.lazy_draft and not self.history:
+            return 0  # the first token is not kept waiting for the draft's prefill
         est = self._estimate(source)
-        if est.steps == 0:
-            k = self.start_k
-        elif est.zero_streak >= max(self.probe_every, est.probe_after):
+        if self._fit[0] < 1e-9 and self.row_s is not None:
+            k = 0  # what an extra row costs is known, a pass is not: one plain step measures it
+        elif est.steps == 0 and self.row_s is None:
+            k = self.start_k  # nothing measured at all
+        elif self._probe_due(source, est):
             k = min(2, self.max_k)  # a probe: has the drafter started to agree again?
             est.probing = True
         else:
             rates = self.expected_rates(source)
             k = max(range(self.max_k + 1), key=rates.__getitem__)
-            if k == 0 and rates[1] >= self.HOLD * rates[0]:
+            if k == 0 and source == MODEL and rates[1] >= self.HOLD * rates[0]:
                 k = 1  # hysteresis: leaving the drafter idle makes it catch up later
             if est.steps % self.explore_every == 0 and k > 0:
                 k = min(self.max_k, k + 1)  # look one further: is the next position worth it?
@@ -242,13 +309,25 @@ class AdaptiveK:
                 k = self.max_k  # the draft's confidence decides, token by token (see plan)
             if est.probing:  # the step after a probe: did it change the decision?
                 est.probing = False
-                if k == 0:  # no: probe half as often
-                    est.probe_after = min(
-                        self.PROBE_MOST, 2 * max(self.probe_every, est.probe_after)
-                    )
-                else:
-                    est.probe_after = self.probe_every
+                est.probe_after = self.probe_every if k else self._next_gap(est)
         return k
+
+    def _probe_due(self, source: str, est: SourceEstimate) -> bool:
+        """Whether a run of K = 0 steps has lasted long enough for a probe. A lookup is never
+        probed (its first position is learned at every step for free); nor is a source that
+        could not pay even if every draft were accepted."""
+        if is_lookup(source) or est.zero_streak < max(self.probe_every, est.probe_after):
+            return False
+        return self.can_pay(source)
+
+    def _next_gap(self, est: SourceEstimate) -> int:
+        """The K = 0 steps before the next probe after one that changed nothing: twice the last
+        gap, and long enough that the probe's measured extra cost stays within PROBE_BUDGET of
+        the time spent at K = 0."""
+        doubled = 2 * max(self.probe_every, est.probe_after)
+        one = self.verify_s(1)
+        budgeted = int(est.probe_cost_s / (self.PROBE_BUDGET * one)) if one > 0 else 0
+        return min(self.PROBE_MOST, max(doubled, budgeted))
 
     def plan(self, source: str = DEFAULT_SOURCE) -> DraftPlan:
         """For a draft that reports its confidence: take each drafted token while the chance
@@ -300,6 +379,8 @@ class AdaptiveK:
             est.zero_streak += 1
             return
         self._observe_draft_cost(est, step)
+        if est.probing:  # what the probe cost beyond a one-token pass
+            est.probe_cost_s = step.draft_s + step.verify_s - self.verify_s(1)
         est.zero_streak = 0
         verified = min(step.proposed, step.accepted + 1)  # positions the target judged
         for i in range(verified):
@@ -325,6 +406,9 @@ class AdaptiveK:
         if width < len(self._by_width):
             n, t = self._by_width[width]
             self._by_width[width] = (n + 1.0, t + step.verify_s)
+        fitted = self._fitted_slope()
+        if fitted is not None:
+            self.row_s = max(0.0, fitted)  # kept when the widths seen later stop varying
         step_s = step.draft_s + step.verify_s
         per_token = step_s / (step.accepted + 1)
         self.token_s = per_token if self.token_s is None else 0.9 * self.token_s + 0.1 * per_token

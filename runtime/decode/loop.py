@@ -15,6 +15,7 @@ from time import perf_counter
 import numpy as np
 
 from specx.runtime.backends.base import GraphSession
+from specx.runtime.decode.adaptive import AdaptiveK
 from specx.runtime.decode.sequence import Sequence
 from specx.runtime.drafters.base import FeatureReader
 from specx.runtime.kv_cache import KVCache
@@ -54,11 +55,15 @@ def decode_loop(
         cache.reset()
     else:
         resume(cache, seq)
-    seq.start(cache.capacity)
+    seq.start(cache.capacity, prefill=not isinstance(seq.policy, AdaptiveK))
     prompt = seq.committed
     if prompt.shape[0] - 1 > cache.length:
         reader = seq.drafter.observe_features if isinstance(seq.drafter, FeatureReader) else None
-        target.prefill(prompt[cache.length : -1], cache, reader)
+        read = prompt[cache.length : -1]
+        t1 = perf_counter()
+        target.prefill(read, cache, reader)
+        if isinstance(seq.policy, AdaptiveK):  # what a row costs, before any verify pass says
+            seq.policy.observe_prefill(int(read.shape[0]), perf_counter() - t1)
     stats.prefill_s = perf_counter() - t0
     seq.decode_start = perf_counter()
     try:

@@ -34,6 +34,7 @@ def test_adaptive_k_grows_on_an_all_accept_streak_and_stays_in_bounds() -> None:
 
 def test_adaptive_k_shrinks_on_an_all_reject_streak_and_probes_again() -> None:
     policy = AdaptiveK(max_k=6, start_k=4, probe_every=5)
+    policy.PROBE_BUDGET = 1.0  # probes as often as the doubling allows
     ks = []
     for _ in range(40):
         k = policy.decide(MODEL).k
@@ -43,11 +44,41 @@ def test_adaptive_k_shrinks_on_an_all_reject_streak_and_probes_again() -> None:
     assert 2 in ks[20:]  # a probe after a run of K = 0
 
 
+def test_probes_cost_at_most_their_budget_of_the_time_at_k_0() -> None:
+    """A draft that is never accepted and costs two thirds of a target pass per token: each
+    probe (K = 2) costs 1.33 passes more than a plain step, so probes come at most every
+    1.33 / PROBE_BUDGET steps once the first has failed."""
+    policy = AdaptiveK(max_k=4, probe_every=4)
+    ks = []
+    for _ in range(600):
+        k = policy.decide(MODEL).k
+        ks.append(k)
+        policy.observe(step(k, 0, draft_s=0.02, verify_s=0.03))
+    probes = [i for i, k in enumerate(ks) if k == 2]
+    gaps = [b - a - 1 for a, b in itertools.pairwise(probes)]
+    assert gaps and min(gaps) >= int(0.04 / (policy.PROBE_BUDGET * 0.03))
+    extra = sum(0.02 * k for k in ks[60:])  # drafting is what a step at K > 0 costs more here
+    assert extra <= 1.5 * policy.PROBE_BUDGET * 0.03 * len(ks[60:])
+
+
+def test_a_draft_that_could_not_pay_even_if_always_accepted_is_never_probed() -> None:
+    """Each draft token costs as much as the target's pass: no K can beat the target alone."""
+    policy = AdaptiveK(max_k=4, probe_every=4)
+    ks = []
+    for _ in range(300):
+        k = policy.decide(MODEL).k
+        ks.append(k)
+        policy.observe(step(k, k // 2, draft_s=0.03, verify_s=0.03 + 0.01 * k))
+    assert not policy.can_pay(MODEL)
+    assert ks[20:].count(0) == len(ks[20:])
+
+
 def test_adaptive_k_probes_half_as_often_after_each_probe_that_fails_and_resets_on_success() -> (
     None
 ):
     policy = AdaptiveK(max_k=4, start_k=2, probe_every=4)
     policy.PROBE_MOST = 16
+    policy.PROBE_BUDGET = 1.0  # the doubling alone (a probe's cost: a pass and a third)
     ks = []
     for _ in range(120):
         k = policy.decide(MODEL).k
@@ -131,7 +162,8 @@ def test_a_lookup_the_policy_does_not_draft_still_teaches_its_first_position() -
     assert before[0] > 0.6 and 0.15 < after[0] < 0.3
     assert after[3] < before[3]  # the later positions are shrunk toward the first
     assert policy.sources[LOOKUP].zero_streak == 33
-    assert policy.decide(LOOKUP).k == 2  # the probe after a run of K = 0 steps
+    # no probe after the run of K = 0 steps: the offers keep the estimate current for free
+    assert not policy.sources[LOOKUP].probing
 
 
 def test_a_decision_whose_k_a_batch_planner_sets_allows_max_k_and_leaves_the_probes_alone() -> None:
@@ -254,3 +286,51 @@ def test_a_later_generation_keeps_the_probe_rhythm_of_the_one_before() -> None:
     assert probes[-1] > 80 and len(probes) >= 6, ks
     gaps = [b - a - 1 for a, b in itertools.pairwise(probes)]
     assert set(gaps[-2:]) == {16}
+
+
+@pytest.fixture
+def costly_verify(monkeypatch: pytest.MonkeyPatch) -> float:
+    """A test backend whose passes cost BASE seconds plus ROW for every extra token: a verify
+    pass over K + 1 tokens costs 1 + 1.5 K one-token passes, so that no K pays, however well
+    drafts are accepted. Returns ROW / BASE."""
+    import time
+
+    from specx.runtime.backends import OrtSession
+
+    base, row = 0.004, 0.006
+    forward = OrtSession.forward
+
+    def slow(self: OrtSession, tokens: np.ndarray, cache: object) -> np.ndarray:
+        time.sleep(base + row * (int(tokens.shape[0]) - 1))
+        return forward(self, tokens, cache)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(OrtSession, "forward", slow)
+    return row / base
+
+
+def cost_in_passes(stats: object, row: float) -> float:
+    """The test backend's time of a generation's decode steps, in one-token passes."""
+    return stats.target_passes + row * stats.proposed  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "suffix", "mixed", "ngram+mixed"])
+def test_where_speculation_cannot_pay_k_auto_settles_at_0_and_keeps_the_target_s_pace(
+    llama_pair: object, costly_verify: float, drafter: str
+) -> None:
+    """On repetitive text the lookups would be accepted, and the mixed draft agrees with the
+    target most of the time; still every verify row costs 1.5 passes, so -k auto must settle at
+    K = 0 within a few steps and stay within 3% of the target alone; the next request starts
+    there at once."""
+    from specx.runtime import Pipeline
+
+    pipe = Pipeline.load(llama_pair.artifact)  # type: ignore[attr-defined]
+    prompt = np.tile(np.arange(20, 30), 4)  # a prompt that repeats: lookups find matches
+    for request in range(2):
+        result = pipe.generate(prompt, max_new_tokens=60, k="auto", drafter=drafter)
+        ks = result.stats.k_used
+        settled = next((i for i in range(len(ks)) if not any(ks[i:])), len(ks))
+        assert settled <= (4 if request == 0 else 0), ks
+        ratio = result.stats.new_tokens / cost_in_passes(result.stats, costly_verify)
+        assert ratio >= 0.97, (ratio, ks)
+    short = pipe.generate(np.array([25]), max_new_tokens=40, k="auto", drafter=drafter)
+    assert not any(short.stats.k_used[4:])  # a one-token prompt: learned from the last ones

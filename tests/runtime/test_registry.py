@@ -21,14 +21,18 @@ def test_an_artifact_offers_its_drafts_lookup_hybrids_and_none(llama_pair: TinyP
         "other",
         "self",
         "ngram",
+        "suffix",
         "ngram+mixed",
         "ngram+other",
         "ngram+self",
+        "suffix+mixed",
+        "suffix+other",
+        "suffix+self",
         "none",
     ]
     kinds = {d.name: registry.kind_of_spec(manifest, d).name for d in manifest.drafts}
     assert kinds == {"mixed": "model", "other": "model", "self": "self"}
-    assert registry.benchmark_drafters(manifest) == ["mixed", "other", "ngram"]  # not self
+    assert registry.benchmark_drafters(manifest) == ["mixed", "other", "ngram", "suffix"]
     assert registry.default_drafter(manifest) == "mixed"
 
 

@@ -55,7 +55,11 @@ CASES = [
 # is cut token by token by its confidence (AdaptiveK.plan); the output must not notice
 @pytest.mark.parametrize(("k", "verification"), CASES)
 def test_first_two_tokens_follow_the_targets_distribution(
-    small_vocab_pair: TinyPair, params: SamplingParams, k: int | str, verification: str
+    small_vocab_pair: TinyPair,
+    params: SamplingParams,
+    k: int | str,
+    verification: str,
+    cheap_drafts: None,
 ) -> None:
     params = dataclasses.replace(params, verification=verification)
     pipe = Pipeline.load(small_vocab_pair.artifact)

@@ -46,7 +46,7 @@ def test_the_same_seed_gives_the_same_text_for_every_k_and_every_drafter(
 
 
 def test_timings_made_to_differ_change_what_k_auto_chooses_but_not_the_text(
-    small_vocab_pair: TinyPair, monkeypatch: pytest.MonkeyPatch
+    small_vocab_pair: TinyPair, monkeypatch: pytest.MonkeyPatch, cheap_drafts: None
 ) -> None:
     from specx.runtime.decode import loop, sequence
 
