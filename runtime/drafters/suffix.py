@@ -248,7 +248,8 @@ class SuffixDrafter:
             ends, matched = index.longest_match(context, end)
             if matched:
                 tokens, probs = follow(index, ends, matched, self.eos)
-                if float(probs.sum()) > float(best[1].sum()):
+                # summed in order (libspecx sums the same way: the same choice at a near-tie)
+                if sum(probs.tolist()) > sum(best[1].tolist()):
                     best = (tokens, probs, matched)
         return best
 

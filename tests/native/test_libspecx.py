@@ -262,7 +262,9 @@ def _run_cpp(build: Path, artifact: Path, *args: str) -> None:
 
 
 @pytest.mark.parametrize("build", ["release", "sanitized"])
-@pytest.mark.parametrize("what", [("errors",), ("wrapper",), ("threads", "4"), ("cancel",)])
+@pytest.mark.parametrize(
+    "what", [("errors",), ("wrapper",), ("threads", "4"), ("cancel",), ("contexts",)]
+)
 def test_the_cpp_tests_pass(
     lib: Library, llama_pair: Any, build: str, what: tuple[str, ...]
 ) -> None:

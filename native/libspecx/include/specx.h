@@ -38,8 +38,9 @@ extern "C" {
 #define SPECX_API __attribute__((visibility("default")))
 #endif
 
-/* The ABI's version: bumped on any incompatible change of this header. */
-#define SPECX_ABI_VERSION 1
+/* The ABI's version: bumped on any incompatible change of this header (2: specx_stats gained
+ * reused_prompt_tokens; contexts and cache scopes were added). */
+#define SPECX_ABI_VERSION 2
 /* The most draft tokens a step may verify (K), as in the Python runtime. */
 #define SPECX_MAX_K 16
 /* The most tokens one step commits: K accepted drafts plus the target's token. */
@@ -62,6 +63,7 @@ typedef struct specx_status specx_status;
 typedef struct specx_model_options specx_model_options;
 typedef struct specx_model specx_model;
 typedef struct specx_params specx_params;
+typedef struct specx_context specx_context;
 typedef struct specx_generation specx_generation;
 
 SPECX_API int specx_abi_version(void);
@@ -146,11 +148,26 @@ SPECX_API specx_status* specx_params_set_seed(specx_params* params, uint64_t see
 /* how sampled drafts are verified: "invariant" (default; the text depends on the seed alone,
  * the same for every K and drafter) or "rejection" (Leviathan et al.) */
 SPECX_API specx_status* specx_params_set_verification(specx_params* params, const char* name);
+/* whose prompts a generation in a context may reuse, and whose later generations may reuse it
+ * (a tenant, a conversation: default ""), and whose earlier outputs suffix drafting reads; NULL:
+ * neither (nothing is kept for it, nothing of it is kept) */
+SPECX_API specx_status* specx_params_set_cache_scope(specx_params* params, const char* scope);
 
 /* The counter-based generator of docs/artifact-format.md ("Random numbers"): uniform `index` in
  * [0, 1) of the key (seed, stream, position). For engines that must draw what specx draws. */
 SPECX_API double specx_counter_uniform(uint64_t seed, uint64_t stream, uint64_t position,
                                        uint64_t index);
+
+/* -- a context: caches kept between generations ----------------------------------------------
+ * A context keeps the caches of the generations run in it (the target's and each draft model's)
+ * after they end: a generation created in it keeps the longest prefix of its prompt they hold
+ * for its cache scope and reads only the rest (a conversation's next turn reads the new turn
+ * only; stats.reused_prompt_tokens counts what it kept). One generation at a time per context
+ * (a second is SPECX_INVALID_ARGUMENT until the first is destroyed); contexts are independent,
+ * so a host keeps one per conversation or per worker thread. The model outlives its contexts,
+ * and a context the generations created in it. */
+SPECX_API specx_status* specx_context_create(const specx_model* model, specx_context** out);
+SPECX_API void specx_context_destroy(specx_context* context);
 
 /* -- a generation --------------------------------------------------------------------------- */
 /* Checks the prompt and the settings against the artifact and reserves the caches; the
@@ -158,6 +175,10 @@ SPECX_API double specx_counter_uniform(uint64_t seed, uint64_t stream, uint64_t 
 SPECX_API specx_status* specx_generation_create(const specx_model* model, const int64_t* prompt,
                                                 size_t prompt_len, const specx_params* params,
                                                 specx_generation** out);
+/* The same in `context` (of `model`), which the generation holds until it is destroyed. */
+SPECX_API specx_status* specx_generation_create_in(specx_context* context, const int64_t* prompt,
+                                                   size_t prompt_len, const specx_params* params,
+                                                   specx_generation** out);
 SPECX_API void specx_generation_destroy(specx_generation* generation);
 /* Runs one step (the first also runs the prompt) and copies the tokens it committed into
  * `tokens` (capacity >= SPECX_MAX_STEP_TOKENS): *n_tokens of them; *done is 1 once the
@@ -188,6 +209,7 @@ typedef struct specx_stats {
   const char* drafter;     /* the drafter's name ("none": the target alone) */
   const char* stop_reason; /* "" (running), eos, stop_id, max_new_tokens, max_length,
                               cancelled, error (a step failed: the generation is over) */
+  int64_t reused_prompt_tokens; /* of prompt_tokens, kept from the context's caches */
 } specx_stats;
 
 /* The generation's statistics so far; its strings live as long as the generation. */

@@ -138,6 +138,11 @@ class Params {
     check(specx_params_set_verification(raw_, name.c_str()));
     return *this;
   }
+  // whose prompts a generation in a context may reuse (nullptr: none, and nothing is kept)
+  Params& cache_scope(const char* scope) {
+    check(specx_params_set_cache_scope(raw_, scope));
+    return *this;
+  }
   const specx_params* get() const { return raw_; }
 
  private:
@@ -146,11 +151,32 @@ class Params {
   std::unique_ptr<specx_params, Free> holder_;
 };
 
+// Caches kept between the generations created in it (a conversation): specx_context.
+class Context {
+ public:
+  explicit Context(const Model& model) {
+    specx_context* raw = nullptr;
+    check(specx_context_create(model.get(), &raw));
+    context_.reset(raw);
+  }
+  specx_context* get() const { return context_.get(); }
+
+ private:
+  struct Free { void operator()(specx_context* p) const { specx_context_destroy(p); } };
+  std::unique_ptr<specx_context, Free> context_;
+};
+
 class Generation {
  public:
   Generation(const Model& model, const std::vector<int64_t>& prompt, const Params& params = Params()) {
     specx_generation* raw = nullptr;
     check(specx_generation_create(model.get(), prompt.data(), prompt.size(), params.get(), &raw));
+    generation_.reset(raw);
+  }
+  // In `context`, which it holds until destroyed (keeps the prefix of the prompt it holds).
+  Generation(Context& context, const std::vector<int64_t>& prompt, const Params& params = Params()) {
+    specx_generation* raw = nullptr;
+    check(specx_generation_create_in(context.get(), prompt.data(), prompt.size(), params.get(), &raw));
     generation_.reset(raw);
   }
   // One step's committed tokens (empty once done).

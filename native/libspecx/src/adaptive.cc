@@ -7,10 +7,13 @@
 namespace specx {
 namespace {
 
-constexpr int kProbeMost = 64;  // the longest run of K = 0 steps between probes
-constexpr double kHold = 0.95;  // keep K = 1 while it is expected within this share of K = 0's
+constexpr int kProbeMost = 1024;  // the longest run of K = 0 steps between probes
+constexpr double kProbeBudget = 0.02;  // probes' share of the time spent at K = 0
+constexpr double kHold = 0.98;  // keep a model at K = 1 within this share of K = 0's rate
 const double kConfidenceEdges[] = {0.3, 0.5, 0.7, 0.9, 0.97};
 const double kConfidencePrior[] = {0.35, 0.6, 0.8, 0.9, 0.95, 0.98};
+
+bool is_lookup(const std::string& source) { return source.rfind("lookup", 0) == 0; }
 
 size_t bucket(double top) {  // bisect_right over the edges
   return size_t(std::upper_bound(std::begin(kConfidenceEdges), std::end(kConfidenceEdges), top) -
@@ -52,6 +55,7 @@ SourceEstimate SourceEstimate::scaled(int k, double keep) const {
   out.steps = steps ? 1 : 0;
   out.zero_streak = zero_streak;  // the probes' rhythm goes on: short generations still probe
   out.probe_after = probe_after;
+  out.probe_cost_s = probe_cost_s;
   return out;
 }
 
@@ -76,6 +80,8 @@ void AdaptiveK::inherit(const AdaptiveK& previous, double keep) {
   for (size_t i = 0; i < fit_.size(); ++i) fit_[i] = keep * previous.fit_[i];
   has_token_s_ = previous.has_token_s_;
   token_s_ = previous.token_s_;
+  has_row_s_ = previous.has_row_s_;
+  row_s_ = previous.row_s_;
   for (size_t w = 0; w < by_width_.size(); ++w)
     by_width_[w] = w < previous.by_width_.size()
                        ? std::make_pair(keep * previous.by_width_[w].first, keep * previous.by_width_[w].second)
@@ -93,14 +99,58 @@ std::vector<double> AdaptiveK::acceptances(const std::string& source) {
   return out;
 }
 
-double AdaptiveK::verify_line_s(int width) const {
+bool AdaptiveK::fitted_slope(double& slope) const {
   const double n = fit_[0], sw = fit_[1], st = fit_[2], sww = fit_[3], swt = fit_[4];
-  if (n < 1e-9) return 1.0;
+  if (n < 1e-9) return false;
   const double mean_w = sw / n, mean_t = st / n;
   const double var = sww / n - mean_w * mean_w;
-  // without spread in the widths seen yet: 5% more per extra token (memory-bound passes)
-  const double slope = var > 0.25 ? (swt / n - mean_w * mean_t) / var : 0.05 * mean_t / mean_w;
+  if (!(var > 0.25)) return false;
+  slope = (swt / n - mean_w * mean_t) / var;
+  return true;
+}
+
+double AdaptiveK::verify_line_s(int width) const {
+  const double n = fit_[0], sw = fit_[1], st = fit_[2];
+  if (n < 1e-9) return 1.0;
+  const double mean_w = sw / n, mean_t = st / n;
+  double slope = 0.0;
+  if (!fitted_slope(slope)) {
+    // the last slope measured, or a prompt pass's cost per token; else 5% per extra token
+    slope = has_row_s_ ? row_s_ : 0.05 * mean_t / mean_w;
+  }
   return std::max(1e-6, mean_t + std::max(0.0, slope) * (width - mean_w));
+}
+
+void AdaptiveK::observe_prefill(int64_t tokens, double seconds) {
+  if (tokens >= 8 && seconds > 0) {
+    has_row_s_ = true;
+    row_s_ = seconds / double(tokens);
+  }
+}
+
+double AdaptiveK::draft_cost(SourceEstimate& est, const std::string& source, int k) const {
+  if (!est.draft_seen && source == "model" && has_draft_ratio_) return k * draft_ratio_ * verify_s(1);
+  return est.draft_cost(k, width_prior_);
+}
+
+bool AdaptiveK::can_pay(const std::string& source) {
+  SourceEstimate& est = estimate(source);
+  const double alone = 1.0 / verify_s(1);
+  for (int k = 1; k <= max_k_; ++k)
+    if ((k + 1) / (draft_cost(est, source, k) + verify_s(k + 1)) > alone) return true;
+  return false;
+}
+
+bool AdaptiveK::probe_due(const std::string& source, SourceEstimate& est) {
+  if (is_lookup(source) || est.zero_streak < std::max(probe_every_, est.probe_after)) return false;
+  return can_pay(source);
+}
+
+int AdaptiveK::next_gap(const SourceEstimate& est) const {
+  const int doubled = 2 * std::max(probe_every_, est.probe_after);
+  const double one = verify_s(1);
+  const int budgeted = one > 0 ? int(est.probe_cost_s / (kProbeBudget * one)) : 0;
+  return std::min(kProbeMost, std::max(doubled, budgeted));
 }
 
 double AdaptiveK::verify_s(int width) const {
@@ -117,10 +167,10 @@ std::vector<double> AdaptiveK::expected_rates(const std::string& source) {
     chain *= p;
     tokens.push_back(tokens.back() + chain);
   }
-  const SourceEstimate& est = estimate(source);
+  SourceEstimate& est = estimate(source);
   std::vector<double> rates;
   for (int k = 0; k <= max_k_; ++k)
-    rates.push_back(tokens[size_t(k)] / (est.draft_cost(k, width_prior_) + verify_s(k + 1)));
+    rates.push_back(tokens[size_t(k)] / (draft_cost(est, source, k) + verify_s(k + 1)));
   return rates;
 }
 
@@ -132,23 +182,25 @@ std::pair<int, DraftPlan> AdaptiveK::decide(const std::string& source) {
 
 int AdaptiveK::choose_k(const std::string& source) {
   if (source == "none") return 0;  // the drafter has nothing to offer
+  if (source == "model" && lazy_draft_ && history_.empty()) return 0;  // the first token waits not
   SourceEstimate& est = estimate(source);
   int k;
-  if (est.steps == 0) {
-    k = start_k_;
-  } else if (est.zero_streak >= std::max(probe_every_, est.probe_after)) {
+  if (fit_[0] < 1e-9 && has_row_s_) {
+    k = 0;  // a row's cost is known, a pass's is not: one plain step measures it
+  } else if (est.steps == 0 && !has_row_s_) {
+    k = start_k_;  // nothing measured at all
+  } else if (probe_due(source, est)) {
     k = std::min(2, max_k_);  // a probe: has the drafter started to agree again?
     est.probing = true;
   } else {
     const std::vector<double> rates = expected_rates(source);
     k = int(std::max_element(rates.begin(), rates.end()) - rates.begin());  // the first best
-    if (k == 0 && rates[1] >= kHold * rates[0]) k = 1;  // an idle drafter must catch up later
+    if (k == 0 && source == "model" && rates[1] >= kHold * rates[0]) k = 1;  // catch-up later
     if (est.steps % explore_every_ == 0 && k > 0) k = std::min(max_k_, k + 1);
     if (k > 0 && est.confidence_seen && has_token_s_) k = max_k_;  // the plan decides
     if (est.probing) {
       est.probing = false;
-      est.probe_after = k == 0 ? std::min(kProbeMost, 2 * std::max(probe_every_, est.probe_after))
-                               : probe_every_;
+      est.probe_after = k == 0 ? next_gap(est) : probe_every_;
     }
   }
   return k;
@@ -188,6 +240,7 @@ void AdaptiveK::observe(const StepResult& step) {
     return;
   }
   observe_draft_cost(est, step);
+  if (est.probing) est.probe_cost_s = step.draft_s + step.verify_s - verify_s(1);
   est.zero_streak = 0;
   const int verified = std::min(step.proposed, step.accepted + 1);  // positions judged
   for (int i = 0; i < verified; ++i) {
@@ -220,6 +273,11 @@ void AdaptiveK::observe_verify(const StepResult& step) {
   if (size_t(width) < by_width_.size()) {
     by_width_[size_t(width)].first += 1.0;
     by_width_[size_t(width)].second += step.verify_s;
+  }
+  double slope = 0.0;
+  if (fitted_slope(slope)) {  // kept for when the widths seen later stop varying
+    has_row_s_ = true;
+    row_s_ = std::max(0.0, slope);
   }
   const double per_token = (step.draft_s + step.verify_s) / (step.accepted + 1);
   token_s_ = has_token_s_ ? 0.9 * token_s_ + 0.1 * per_token : per_token;

@@ -6,6 +6,10 @@
 // then, probes K = 2 after runs of K = 0, and keeps its estimates per source (a model's passes,
 // a lookup after an N-token match). For a draft that reports its confidence it also gives the
 // plan that takes each drafted token while the chance it is accepted pays for widening the pass.
+// It never loses to the target alone where the costs say speculation cannot pay: a verify row is
+// priced from the prompt's passes until widths are measured, a draft model from its size, a
+// source that could not pay even if always accepted is not probed, probes stay within a budget,
+// lookups are never probed, and a lazy draft model is not asked at a generation's first step.
 #pragma once
 
 #include <functional>
@@ -44,6 +48,7 @@ struct SourceEstimate {
   bool confidence_seen = false;
   int steps = 0, zero_streak = 0, probe_after = 0;
   bool probing = false;
+  double probe_cost_s = 0.0;  // the last probe's seconds beyond a one-token pass
 };
 
 class AdaptiveK {
@@ -52,6 +57,11 @@ class AdaptiveK {
   int max_k() const { return max_k_; }
   bool used() const { return !history_.empty(); }
   void inherit(const AdaptiveK& previous, double keep = 0.5);
+  // the prompt's passes read `tokens` in `seconds` (the cost of a verify row until measured)
+  void observe_prefill(int64_t tokens, double seconds);
+  void set_draft_ratio(double ratio) { has_draft_ratio_ = true; draft_ratio_ = ratio; }
+  void set_lazy_draft(bool lazy) { lazy_draft_ = lazy; }
+  bool can_pay(const std::string& source);
   // K for a step from `source`, and the drafting plan (empty function: none)
   std::pair<int, DraftPlan> decide(const std::string& source);
   void observe(const StepResult& step);
@@ -62,6 +72,10 @@ class AdaptiveK {
   std::vector<double> expected_rates(const std::string& source);
   double verify_line_s(int width) const;
   double verify_s(int width) const;
+  bool fitted_slope(double& slope) const;
+  double draft_cost(SourceEstimate& est, const std::string& source, int k) const;
+  bool probe_due(const std::string& source, SourceEstimate& est);
+  int next_gap(const SourceEstimate& est) const;
   int choose_k(const std::string& source);
   DraftPlan plan(const std::string& source);
   void observe_verify(const StepResult& step);
@@ -76,6 +90,11 @@ class AdaptiveK {
   std::vector<std::pair<double, double>> by_width_;
   bool has_token_s_ = false;
   double token_s_ = 0.0;
+  bool has_row_s_ = false;  // a verify row's cost where the widths seen do not say
+  double row_s_ = 0.0;
+  bool has_draft_ratio_ = false;  // a draft pass over a target pass, until measured
+  double draft_ratio_ = 0.0;
+  bool lazy_draft_ = false;
   std::vector<int> history_;
 };
 

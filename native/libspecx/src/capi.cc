@@ -8,6 +8,7 @@
 #include <new>
 #include <string>
 
+#include "context.h"
 #include "failure.h"
 #include "generation.h"
 #include "model.h"
@@ -38,6 +39,10 @@ struct specx_detokenizer {
 
 struct specx_params {
   specx::Settings settings;
+};
+
+struct specx_context {
+  std::unique_ptr<specx::Context> context;
 };
 
 struct specx_generation {
@@ -319,6 +324,25 @@ specx_status* specx_params_set_verification(specx_params* params, const char* na
   return nullptr;
 }
 
+specx_status* specx_params_set_cache_scope(specx_params* params, const char* scope) {
+  if (params == nullptr) return null_argument("params");
+  return guarded([&] {
+    params->settings.scope = scope == nullptr ? std::nullopt : std::optional<std::string>(scope);
+  });
+}
+
+specx_status* specx_context_create(const specx_model* model, specx_context** out) {
+  if (out == nullptr) return null_argument("out");
+  *out = nullptr;
+  if (model == nullptr) return null_argument("model");
+  return guarded([&] {
+    auto context = std::make_unique<specx::Context>(*model->model);
+    *out = new specx_context{std::move(context)};
+  });
+}
+
+void specx_context_destroy(specx_context* context) { delete context; }
+
 double specx_counter_uniform(uint64_t seed, uint64_t stream, uint64_t position, uint64_t index) {
   return specx::counter_uniform(specx::counter_key(seed, stream, position), index);
 }
@@ -331,7 +355,23 @@ specx_status* specx_generation_create(const specx_model* model, const int64_t* p
   if (model == nullptr) return null_argument("model");
   return guarded([&] {
     specx::Settings settings = params != nullptr ? params->settings : specx::Settings{};
-    auto generation = std::make_unique<specx::Generation>(*model->model, prompt, prompt_len, settings);
+    auto generation =
+        std::make_unique<specx::Generation>(*model->model, nullptr, prompt, prompt_len, settings);
+    *out = new specx_generation{std::move(generation)};
+  });
+}
+
+specx_status* specx_generation_create_in(specx_context* context, const int64_t* prompt,
+                                         size_t prompt_len, const specx_params* params,
+                                         specx_generation** out) {
+  if (out == nullptr) return null_argument("out");
+  *out = nullptr;
+  if (context == nullptr) return null_argument("context");
+  return guarded([&] {
+    specx::Settings settings = params != nullptr ? params->settings : specx::Settings{};
+    specx::Context& where = *context->context;
+    auto generation =
+        std::make_unique<specx::Generation>(where.model(), &where, prompt, prompt_len, settings);
     *out = new specx_generation{std::move(generation)};
   });
 }

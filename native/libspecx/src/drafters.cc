@@ -65,9 +65,16 @@ int64_t ModelDrafter::pick(const float* row, int64_t position, bool want_top, do
 }
 
 void ModelDrafter::start(const int64_t* prompt, int64_t n, const DraftRequest& request) {
+  // keep the prefix of the prompt the draft cache holds for this scope (model.py's start),
+  // then read the rest now or at the first proposal
   request_ = request;
-  runner_.truncate(0);
-  if (n > 1) feed(prompt, n - 1);
+  input_.assign(prompt, prompt + std::max<int64_t>(0, n - 1));
+  for (int64_t& t : input_)
+    if (t >= runner_.vocab_size()) t = 0;
+  const int64_t reading = int64_t(input_.size());
+  runner_.claim(request.scope, runner_.shared_prefix(input_.data(), reading, request.scope));
+  const int64_t kept = runner_.length();
+  if (request.prefill && reading > kept) runner_.prefill(input_.data() + kept, reading - kept);
 }
 
 Proposal ModelDrafter::propose(const int64_t* context, int64_t n, int k, const DraftPlan& plan) {
@@ -194,7 +201,7 @@ Proposal HybridDrafter::propose(const int64_t* context, int64_t n, int k, const 
     lookup_->forget();
     return model_->propose(context, n, k, plan);
   }
-  return lookup_->propose(context, n, k, DraftPlan());
+  return lookup_->propose(context, n, k, plan);
 }
 
 void HybridDrafter::commit(int accepted) {

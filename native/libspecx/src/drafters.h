@@ -5,12 +5,14 @@
 //            ids both models share); commit truncates its cache to what the target kept
 //   ngram    prompt lookup (drafters/ngram.py): what followed the latest earlier occurrence of
 //            the context's last n tokens, n from 3 down to 1, from an index kept up to date
-//   hybrid   ngram+X (drafters/hybrid.py): a lookup where the text has a match of >= 2 tokens,
-//            the model X otherwise
+//   suffix   suffix drafting over the context and earlier generations (suffix.h)
+//   hybrid   ngram+X or suffix+X (drafters/hybrid.py): a lookup where it has >= 2 tokens to
+//            offer, the model X otherwise
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -33,6 +35,10 @@ struct Proposal {
 struct DraftRequest {
   const Sampling* sampling = nullptr;  // nullptr: greedy
   Noise* noise = nullptr;              // the generation's random numbers, shared with verify
+  bool prefill = true;  // a draft model reads the prompt at start (else when first asked)
+  // whose prompts a draft cache may keep (nullopt: none), and whose history suffix drafting
+  // reads and feeds
+  std::optional<std::string> scope = std::string();
 };
 
 // The first index of the largest value (numpy's argmax: the first NaN wins where there is one).
@@ -49,6 +55,17 @@ class Drafter {
   // up to k tokens; a drafter that knows its confidence asks `plan` (may be empty) after each
   virtual Proposal propose(const int64_t* context, int64_t n, int k, const DraftPlan& plan) = 0;
   virtual void commit(int accepted) = 0;
+  // the generation ended with these new tokens (suffix drafting keeps them; base.py's
+  // HistoryKeeper)
+  virtual void finish(const int64_t*, int64_t) {}
+};
+
+// A drafter that looks its proposal up in text (ngram, suffix): free, and a hybrid's first try.
+class LookupDrafter : public Drafter {
+ public:
+  // the proposal for this context (searched once per context length)
+  virtual const std::vector<int64_t>& continuation(const int64_t* context, int64_t n) = 0;
+  virtual void forget() = 0;  // the step is over
 };
 
 bool is_lookup(const std::string& source);
@@ -75,16 +92,15 @@ class ModelDrafter : public Drafter {
   int64_t fed_from_proposal_ = 0;
 };
 
-class NgramDrafter : public Drafter {
+class NgramDrafter : public LookupDrafter {
  public:
   explicit NgramDrafter(std::vector<int64_t> eos, int max_ngram = 3, int min_ngram = 1);
   void start(const int64_t* prompt, int64_t n, const DraftRequest& request) override;
   std::string source(const int64_t* context, int64_t n) override;
   Proposal propose(const int64_t* context, int64_t n, int k, const DraftPlan& plan) override;
   void commit(int) override {}
-  // the continuation found for this context (searched once per context length)
-  const std::vector<int64_t>& continuation(const int64_t* context, int64_t n);
-  void forget() { found_len_ = -1; }
+  const std::vector<int64_t>& continuation(const int64_t* context, int64_t n) override;
+  void forget() override { found_len_ = -1; }
 
  private:
   struct Key {
@@ -107,16 +123,17 @@ class NgramDrafter : public Drafter {
 
 class HybridDrafter : public Drafter {
  public:
-  HybridDrafter(std::unique_ptr<NgramDrafter> lookup, std::unique_ptr<Drafter> model)
+  HybridDrafter(std::unique_ptr<LookupDrafter> lookup, std::unique_ptr<Drafter> model)
       : lookup_(std::move(lookup)), model_(std::move(model)) {}
   void start(const int64_t* prompt, int64_t n, const DraftRequest& request) override;
   std::string source(const int64_t* context, int64_t n) override;
   Proposal propose(const int64_t* context, int64_t n, int k, const DraftPlan& plan) override;
   void commit(int accepted) override;
+  void finish(const int64_t* output, int64_t n) override { lookup_->finish(output, n); }
 
  private:
   static constexpr size_t kMinMatchTokens = 2;
-  std::unique_ptr<NgramDrafter> lookup_;
+  std::unique_ptr<LookupDrafter> lookup_;
   std::unique_ptr<Drafter> model_;
   bool used_model_ = false;
 };

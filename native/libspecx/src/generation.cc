@@ -30,10 +30,16 @@ std::pair<int, int64_t> verify_greedy(const std::vector<int64_t>& draft, const f
   return {k, argmax(logits + size_t(k) * size_t(vocab), vocab)};
 }
 
-Generation::Generation(const Model& model, const int64_t* prompt, size_t n,
+Generation::Generation(const Model& model, Context* context, const int64_t* prompt, size_t n,
                        const Settings& settings)
-    : model_(model), settings_(settings), target_(model.target(), model.manifest().max_length) {
+    : model_(model),
+      own_(context == nullptr ? std::make_unique<Context>(model) : nullptr),
+      context_(context != nullptr ? context : own_.get()),
+      settings_(settings),
+      target_(context_->target()) {
   const Manifest& m = model.manifest();
+  if (&context_->model() != &model)
+    throw invalid("the context belongs to another model", "create a context of this model");
   if (prompt == nullptr || n == 0)
     throw invalid("the prompt has no tokens", "pass at least one token id");
   if (int64_t(n) > m.max_length)
@@ -45,15 +51,24 @@ Generation::Generation(const Model& model, const int64_t* prompt, size_t n,
     if (prompt[i] < 0 || prompt[i] >= vocab)
       throw invalid("prompt token " + std::to_string(i) + " is " + std::to_string(prompt[i]) +
                     "; token ids must lie in [0, " + std::to_string(vocab) + ")");
-  resolve(settings);
+  if (!context_->acquire())
+    throw invalid("another generation is running in this context",
+                  "destroy it first, or create another context");
+  holds_context_ = true;
+  try {
+    resolve(settings);
+  } catch (...) {
+    context_->release();  // no destructor runs for a constructor that throws
+    throw;
+  }
   uint64_t seed = settings.seed;
   if (!settings.has_seed) {
     std::random_device entropy;
     seed = (uint64_t(entropy()) << 32) ^ uint64_t(entropy());
   }
   noise_ = std::make_unique<Noise>(seed, vocab);
-  context_.assign(size_t(m.max_length) + 1, 0);
-  std::copy(prompt, prompt + n, context_.begin());
+  committed_.assign(size_t(m.max_length) + 1, 0);
+  std::copy(prompt, prompt + n, committed_.begin());
   n_context_ = prompt_len_ = int64_t(n);
   stats_.prompt_tokens = prompt_len_;
   stats_.k = k_;
@@ -74,9 +89,11 @@ void Generation::resolve(const Settings& s) {
     if (name == "none") throw invalid("K auto needs a drafter", "name one, e.g. ngram");
     k_ = std::min(s.max_k, m.k_max);
     policy_ = std::make_unique<AdaptiveK>(k_);
+    if (std::optional<double> ratio = model_.draft_ratio(name)) policy_->set_draft_ratio(*ratio);
+    policy_->set_lazy_draft(true);  // the draft reads the prompt when first asked
     if (std::unique_ptr<AdaptiveK> previous = model_.learned_policy(name)) policy_->inherit(*previous);
     drafter_name_ = name;
-    drafter_ = model_.new_drafter(name);
+    drafter_ = context_->drafter(name);
     return;
   }
   if (k == SPECX_K_DEFAULT) k = name == "none" ? 0 : m.k_default;
@@ -94,14 +111,26 @@ void Generation::resolve(const Settings& s) {
   }
   k_ = k;
   drafter_name_ = name;
-  drafter_ = model_.new_drafter(name);
+  drafter_ = context_->drafter(name);
 }
 
+// Keep the prefix of the prompt the context's target cache holds for this scope, start the
+// drafter (a draft model keeps its own prefix; with K auto it reads the rest when first asked),
+// and read the rest of the prompt but its last token (loop.py's decode_loop).
 void Generation::prefill() {
   const double t0 = now();
-  DraftRequest request{&settings_.sampling, noise_.get()};
-  if (drafter_) drafter_->start(context_.data(), prompt_len_, request);
-  if (prompt_len_ > 1) target_.prefill(context_.data(), prompt_len_ - 1);
+  const int64_t reading = prompt_len_ - 1;
+  const std::optional<std::string>& scope = settings_.scope;
+  target_.claim(scope, target_.shared_prefix(committed_.data(), reading, scope));
+  const int64_t kept = target_.length();
+  stats_.reused_prompt_tokens = kept;
+  DraftRequest request{&settings_.sampling, noise_.get(), policy_ == nullptr, scope};
+  if (drafter_) drafter_->start(committed_.data(), prompt_len_, request);
+  if (reading > kept) {
+    const double t1 = now();
+    target_.prefill(committed_.data() + kept, reading - kept);
+    if (policy_) policy_->observe_prefill(reading - kept, now() - t1);
+  }
   stats_.prefill_s = now() - t0;
 }
 
@@ -137,11 +166,12 @@ std::pair<int, int64_t> Generation::verify(const Proposal& proposal, const float
 
 Generation::~Generation() {
   if (policy_) model_.remember_policy(drafter_name_, *policy_);
+  if (holds_context_) context_->release();
 }
 
 // One step: propose, verify, accept, commit.
 std::vector<int64_t> Generation::step() {
-  const int64_t* context = context_.data();
+  const int64_t* context = committed_.data();
   const std::string source = drafter_ ? drafter_->source(context, n_context_) : "none";
   auto [wanted, plan] = policy_ ? policy_->decide(source) : std::make_pair(k_, DraftPlan());
   const int64_t room = target_.capacity() - target_.length() - 1;
@@ -160,7 +190,7 @@ std::vector<int64_t> Generation::step() {
   }
   // [n + 1] the last committed token and the proposal: the committed context is followed by
   // room for K + 1 tokens, so the pass reads it in place
-  std::copy(proposal.tokens.begin(), proposal.tokens.end(), context_.begin() + n_context_);
+  std::copy(proposal.tokens.begin(), proposal.tokens.end(), committed_.begin() + n_context_);
   const int64_t committed = target_.length();
   t0 = now();
   const float* logits = target_.forward(context + n_context_ - 1, int64_t(proposal.tokens.size()) + 1);
@@ -202,7 +232,7 @@ std::vector<int64_t> Generation::append(const std::vector<int64_t>& tokens) {
       break;
     }
   }
-  std::copy(out.begin(), out.end(), context_.begin() + n_context_);
+  std::copy(out.begin(), out.end(), committed_.begin() + n_context_);
   n_context_ += int64_t(out.size());
   stats_.new_tokens += int64_t(out.size());
   if (stop != nullptr) finish(stop);
@@ -211,7 +241,11 @@ std::vector<int64_t> Generation::append(const std::vector<int64_t>& tokens) {
   return out;
 }
 
+// It stops here (the first reason stands); a drafter that learns from whole generations is
+// handed the output once (sequence.py's finish), unless a pass failed.
 void Generation::finish(const char* reason) {
+  if (!done_ && drafter_ && std::string(reason) != "error")
+    drafter_->finish(committed_.data() + prompt_len_, n_context_ - prompt_len_);
   done_ = true;
   if (stop_reason_.empty()) stop_reason_ = reason;
 }

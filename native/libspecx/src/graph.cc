@@ -205,6 +205,7 @@ Runner::Runner(Graph& graph, int64_t capacity)
     values_.push_back(std::make_unique<DeviceBuffer>(graph.memory(), size_t(layer_elems_) * elem_bytes_));
   }
   logits_.resize(size_t(kMaxChunk) * size_t(s.vocab_size));
+  tokens_.assign(size_t(capacity), -1);
   features_.resize(size_t(kMaxChunk) * size_t(s.feature_size));
   ids_.resize(kMaxChunk);
   positions_.resize(kMaxChunk);
@@ -215,6 +216,22 @@ void Runner::truncate(int64_t length) {
     throw invalid("cannot truncate a cache of " + std::to_string(length_) + " to " +
                   std::to_string(length));
   length_ = length;
+}
+
+int64_t Runner::shared_prefix(const int64_t* prompt, int64_t n,
+                              const std::optional<std::string>& scope) const {
+  if (!scope || scope_ != scope) return 0;
+  const int64_t most = std::min(n, length_);
+  int64_t i = 0;
+  while (i < most && tokens_[size_t(i)] == prompt[i]) ++i;
+  return i;
+}
+
+void Runner::claim(const std::optional<std::string>& scope, int64_t keep) {
+  if (keep > 0 && (!scope || scope_ != scope))
+    throw invalid("a cache keeps positions only for the scope that computed them");
+  truncate(keep);
+  scope_ = scope;
 }
 
 void Runner::bind_cache(int64_t past, int64_t seq) {
@@ -287,6 +304,7 @@ const float* Runner::forward(const int64_t* tokens, int64_t seq) {
   } catch (const Ort::Exception& e) {
     throw Failure(SPECX_RUNTIME, "onnxruntime failed in a pass of " + s.graph + ": " + e.what());
   }
+  std::copy(tokens, tokens + seq, tokens_.begin() + past);
   length_ += seq;
   ++passes_;
   return logits_.data();

@@ -1,9 +1,11 @@
 // One exported graph run by ONNX Runtime through I/O binding, and its cache.
 //
 // A Graph is the loaded session, shared read-only by every generation of a model (ONNX
-// Runtime's Run is thread-safe). A Runner is one generation's use of it: its own binding, its
-// preallocated cache (length is the only truth; rollback sets it) and its logits buffer. As in
-// runtime/backends/ort_session.py:
+// Runtime's Run is thread-safe). A Runner is one context's use of it: its own binding, its
+// preallocated cache (length is the only truth; rollback sets it) and its logits buffer. The
+// cache records the token id each position was computed from and the scope whose prompts it
+// holds (kv_cache.py), so that a later generation of that scope keeps the prefix of its prompt
+// the cache holds (a reused prefix is a length too). As in runtime/backends/ort_session.py:
 //   plain graphs   past = the valid prefix of each buffer, new = the slots right after it
 //   gqa graphs     past and present = the same full buffer; seqlens_k and
 //                  total_sequence_length say what is valid
@@ -11,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +62,11 @@ class Runner {
   int64_t vocab_size() const { return graph_.spec().vocab_size; }
   void truncate(int64_t length);  // rollback: the length is the only truth
   int64_t passes() const { return passes_; }
+  // How many leading tokens of prompt[0, n) the cache holds for `scope` (0 for another scope,
+  // or none).
+  int64_t shared_prefix(const int64_t* prompt, int64_t n, const std::optional<std::string>& scope) const;
+  // The cache now serves a generation of `scope`, keeping its first `keep` positions.
+  void claim(const std::optional<std::string>& scope, int64_t keep);
 
   // Score 1..kMaxChunk new tokens on top of the cache; returns their logits, [seq, vocab],
   // a view the next call overwrites.
@@ -72,6 +80,8 @@ class Runner {
   int64_t capacity_;
   int64_t length_ = 0;
   int64_t passes_ = 0;
+  std::vector<int64_t> tokens_;  // [capacity] the id each position was computed from
+  std::optional<std::string> scope_;  // whose prompts the cache holds (nullopt: nobody's)
   size_t elem_bytes_;
   int64_t layer_elems_;  // elements of one layer's key (or value) buffer
   std::vector<std::unique_ptr<DeviceBuffer>> keys_, values_;  // [layer]

@@ -1,5 +1,7 @@
 #include "manifest.h"
 
+#include <cstdint>
+
 #include <fstream>
 #include <sstream>
 #include <sys/stat.h>
@@ -88,6 +90,8 @@ ModelSpec model_spec(const Value& data, const std::string& where) {
   if (m.attention != "plain" && m.attention != "gqa" && m.attention != "batched")
     r.bad("attention '" + m.attention + "'");
   if (m.num_heads % m.kv_heads) r.bad("kv_heads does not divide num_heads");
+  if (const Value* bytes = data.find("weight_bytes"); bytes != nullptr && !bytes->is_null())
+    m.weight_bytes = r.integer(data, "weight_bytes", 0, INT64_MAX);
   m.inputs = tensors(r, data, "inputs");
   m.outputs = tensors(r, data, "outputs");
   const Value* head = data.find("head");

@@ -25,6 +25,7 @@ struct ModelSpec {
   std::string role, name, graph, architecture, variant, dtype, attention;
   int num_layers = 0, num_heads = 0, kv_heads = 0, head_dim = 0, hidden_size = 0;
   int64_t vocab_size = 0, max_length = 0;
+  int64_t weight_bytes = 0;  // what its weights take (0: not recorded)
   std::vector<TensorSpec> inputs, outputs;
   std::vector<OpLibrary> op_libraries;
   bool has_head = false;  // a feature draft (EAGLE head): not run by this library yet

@@ -14,9 +14,12 @@ Model::Model(const std::string& folder, const SessionConfig& config)
   for (const ModelSpec& d : manifest_.drafts)
     if (d.graph != manifest_.target.graph) config_.alternating = true;
   target_ = std::make_unique<Graph>(ort_env(), folder_, manifest_.target, manifest_.pair_id, config_);
+  // registry.py's drafter_names: the drafts, the lookups, each draft behind each lookup, none
   for (const ModelSpec& d : manifest_.drafts) drafter_names_.push_back(d.name);
   drafter_names_.push_back("ngram");
-  for (const ModelSpec& d : manifest_.drafts) drafter_names_.push_back("ngram+" + d.name);
+  drafter_names_.push_back("suffix");
+  for (const char* lookup : {"ngram+", "suffix+"})
+    for (const ModelSpec& d : manifest_.drafts) drafter_names_.push_back(lookup + d.name);
   drafter_names_.push_back("none");
   default_drafter_ = !manifest_.default_drafter.empty() ? manifest_.default_drafter
                      : !manifest_.drafts.empty()        ? manifest_.drafts.front().name
@@ -60,12 +63,26 @@ std::unique_ptr<AdaptiveK> Model::learned_policy(const std::string& drafter) con
 }
 
 std::unique_ptr<Drafter> Model::new_drafter(const std::string& name) const {
+  const std::vector<int64_t>& eos = manifest_.eos_token_ids;
   if (name == "none") return nullptr;
-  if (name == "ngram") return std::make_unique<NgramDrafter>(manifest_.eos_token_ids);
+  if (name == "ngram") return std::make_unique<NgramDrafter>(eos);
+  if (name == "suffix") return std::make_unique<SuffixDrafter>(&history_, eos);
   if (name.rfind("ngram+", 0) == 0)
-    return std::make_unique<HybridDrafter>(std::make_unique<NgramDrafter>(manifest_.eos_token_ids),
-                                           model_drafter(name.substr(6)));
+    return std::make_unique<HybridDrafter>(std::make_unique<NgramDrafter>(eos), model_drafter(name.substr(6)));
+  if (name.rfind("suffix+", 0) == 0)
+    return std::make_unique<HybridDrafter>(std::make_unique<SuffixDrafter>(&history_, eos),
+                                           model_drafter(name.substr(7)));
   return model_drafter(name);
+}
+
+std::optional<double> Model::draft_ratio(const std::string& drafter) const {
+  std::string inner = drafter;
+  for (const char* lookup : {"ngram+", "suffix+"})
+    if (inner.rfind(lookup, 0) == 0) inner = inner.substr(std::string(lookup).size());
+  const ModelSpec* spec = manifest_.find_draft(inner);
+  const int64_t target = manifest_.target.weight_bytes;
+  if (spec == nullptr || spec->has_head || spec->weight_bytes == 0 || target == 0) return std::nullopt;
+  return double(spec->weight_bytes) / double(target);
 }
 
 const TokenBytes& Model::token_bytes() const {

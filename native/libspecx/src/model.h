@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "drafters.h"
 #include "graph.h"
 #include "manifest.h"
+#include "suffix.h"
 
 namespace specx {
 
@@ -24,8 +26,11 @@ class Model {
   Graph& target() const { return *target_; }
   const std::vector<std::string>& drafter_names() const { return drafter_names_; }
   const std::string& default_drafter() const { return default_drafter_; }
-  // The drafter `name` for one generation (nullptr: "none", the target alone).
+  // The drafter `name` for one context (nullptr: "none", the target alone).
   std::unique_ptr<Drafter> new_drafter(const std::string& name) const;
+  // The weight bytes of the drafter's model over the target's (K auto's draft cost until
+  // measured; pipeline.py's draft_ratio); nullopt without a model.
+  std::optional<double> draft_ratio(const std::string& drafter) const;
   // What -k auto learned with a drafter, kept for the model's next generations with it
   // (pipeline.py's remember_policy / learned_policy).
   void remember_policy(const std::string& drafter, const AdaptiveK& policy) const;
@@ -48,6 +53,7 @@ class Model {
   mutable std::map<std::string, AdaptiveK> learned_;
   mutable std::mutex tokens_lock_;
   mutable std::unique_ptr<TokenBytes> token_bytes_;
+  mutable SuffixHistory history_;  // earlier generations' outputs, per scope
 };
 
 // The process's one ONNX Runtime environment (created on first use, never destroyed).

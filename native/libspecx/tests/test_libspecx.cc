@@ -4,6 +4,8 @@
 //   test_libspecx ARTIFACT threads N  N generations on one model at once, each equal to its run
 //                                     alone
 //   test_libspecx ARTIFACT cancel     cancelled from another thread mid-generation: it stops
+//   test_libspecx ARTIFACT contexts   a context keeps a conversation's prefix for its scope only;
+//                                     one generation at a time
 // Prints one "ok ..." line per check; exits 1 at the first failure, naming it.
 #include <atomic>
 #include <chrono>
@@ -263,11 +265,51 @@ void cancel(const std::string& artifact) {
   expect(gen.next().empty() && gen.done(), "a stopped generation runs no more steps");
 }
 
+void contexts(const std::string& artifact) {
+  specx::Model model(artifact, specx::ModelOptions().threads(1));
+  specx::Context chat(model);
+  specx::Params params;
+  params.max_new_tokens(12).k(0);
+  std::vector<int64_t> prompt = prompt_of(4, 10, model.vocab_size());
+  std::vector<int64_t> answer;
+  {
+    specx::Generation first(chat, prompt, params);
+    answer = first.run();
+    expect(first.stats().reused_prompt_tokens == 0, "a new context keeps nothing");
+    specx_generation* second = nullptr;
+    expect_status(specx_generation_create_in(chat.get(), prompt.data(), prompt.size(), params.get(), &second),
+                  SPECX_INVALID_ARGUMENT, "another generation is running", "one generation at a time");
+  }
+  std::vector<int64_t> turn = prompt;
+  turn.insert(turn.end(), answer.begin(), answer.end());
+  for (int64_t extra : {5, 6, 7}) turn.push_back(extra % model.vocab_size());
+  const std::vector<int64_t> cold = specx::Generation(model, turn, params).run();
+  {
+    specx::Generation again(chat, turn, params);
+    expect(again.run() == cold, "the next turn gives a cold start's tokens");
+    const int64_t kept = again.stats().reused_prompt_tokens;
+    expect(kept == int64_t(prompt.size() + answer.size()) - 1,
+           "the next turn keeps the prompt and the answer but its last token: " + std::to_string(kept));
+  }
+  specx::Params scoped;
+  scoped.max_new_tokens(12).k(0).cache_scope("tenant-b");
+  { specx::Generation b(chat, turn, scoped); b.run(); expect(b.stats().reused_prompt_tokens == 0, "another scope keeps nothing"); }
+  scoped.cache_scope(nullptr);
+  { specx::Generation none(chat, turn, scoped); none.run(); expect(none.stats().reused_prompt_tokens == 0, "no scope keeps nothing"); }
+  { specx::Generation after(chat, turn, params); after.run(); expect(after.stats().reused_prompt_tokens == 0, "nor leaves anything"); }
+  specx_context* raw = nullptr;
+  expect_status(specx_context_create(nullptr, &raw), SPECX_INVALID_ARGUMENT, "model is NULL", "a context of no model");
+  specx_generation* gen = nullptr;
+  expect_status(specx_generation_create_in(nullptr, turn.data(), turn.size(), params.get(), &gen),
+                SPECX_INVALID_ARGUMENT, "context is NULL", "a generation in no context");
+  specx_context_destroy(nullptr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s ARTIFACT errors|wrapper|threads N|cancel\n", argv[0]);
+    std::fprintf(stderr, "usage: %s ARTIFACT errors|wrapper|threads N|cancel|contexts\n", argv[0]);
     return 2;
   }
   std::string artifact = argv[1], what = argv[2];
@@ -276,6 +318,7 @@ int main(int argc, char** argv) {
     else if (what == "wrapper") wrapper(artifact);
     else if (what == "threads") threads(artifact, argc > 3 ? std::atoi(argv[3]) : 4);
     else if (what == "cancel") cancel(artifact);
+    else if (what == "contexts") contexts(artifact);
     else fail("unknown test " + what);
   } catch (const specx::Error& e) {
     fail(std::string("specx::Error: ") + e.what());

@@ -6,6 +6,8 @@ would (the tests and scripts/bench_libspecx.py use it). Standard library only.
     model = lib.load("build/smollm2", threads=2)
     result = model.generate(prompt_ids, max_new_tokens=64, k=4, drafter="int8")
     result.tokens, result.stats["decode_tokens_per_s"]
+    chat = model.context()               # caches kept between its generations
+    chat.generate(turn_ids).stats["reused_prompt_tokens"]
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 BUILD = Path(__file__).resolve().parents[2] / "build"
+ABI_VERSION = 2  # include/specx.h's SPECX_ABI_VERSION this binding speaks
 MAX_K = 16
 MAX_STEP_TOKENS = MAX_K + 1
 K_DEFAULT = -1
@@ -55,6 +58,7 @@ class Stats(ctypes.Structure):
         ("adaptive", ctypes.c_int),
         ("drafter", ctypes.c_char_p),
         ("stop_reason", ctypes.c_char_p),
+        ("reused_prompt_tokens", ctypes.c_int64),
     ]
 
 
@@ -116,6 +120,10 @@ def _declare(lib: Any) -> None:
         ),
         "specx_params_set_seed": (vp, [vp, ctypes.c_uint64]),
         "specx_params_set_verification": (vp, [vp, ctypes.c_char_p]),
+        "specx_params_set_cache_scope": (vp, [vp, ctypes.c_char_p]),
+        "specx_context_create": (vp, [vp, pp]),
+        "specx_context_destroy": (None, [vp]),
+        "specx_generation_create_in": (vp, [vp, ctypes.POINTER(i64), sz, vp, pp]),
         "specx_counter_uniform": (
             ctypes.c_double,
             [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64],
@@ -139,6 +147,9 @@ class Library:
     def __init__(self, path: Path | None = None) -> None:
         self.lib = ctypes.CDLL(str(path or library_path()))
         _declare(self.lib)
+        abi = int(self.lib.specx_abi_version())
+        if abi != ABI_VERSION:
+            raise SpecxError(0, f"libspecx speaks ABI {abi}; this binding speaks {ABI_VERSION}")
 
     def check(self, status: int | None) -> None:
         if status:
@@ -198,54 +209,74 @@ class Model(_Handle):
         self.owner.check(self.lib.specx_detokenizer_create(self.handle, ctypes.byref(handle)))
         return Detokenizer(self.owner, handle)
 
-    def generate(
-        self,
-        prompt: list[int],
-        max_new_tokens: int = 32,
-        k: int = K_DEFAULT,
-        drafter: str | None = None,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-        min_p: float = 0.0,
-        seed: int | None = None,
-        verification: str = "invariant",
-    ) -> Result:
-        lib, check = self.lib, self.owner.check
-        params = ctypes.c_void_p()
-        check(lib.specx_params_create(ctypes.byref(params)))
-        generation = ctypes.c_void_p()
-        try:
-            check(lib.specx_params_set_max_new_tokens(params, max_new_tokens))
-            check(lib.specx_params_set_k(params, k))
-            check(lib.specx_params_set_drafter(params, drafter.encode() if drafter else None))
-            check(lib.specx_params_set_sampling(params, temperature, top_k, top_p, min_p))
-            check(lib.specx_params_set_verification(params, verification.encode()))
-            if seed is not None:
-                check(lib.specx_params_set_seed(params, seed))
-            ids = (ctypes.c_int64 * len(prompt))(*prompt)
+    def context(self) -> Context:
+        """Caches kept between the generations run in it (specx_context)."""
+        handle = ctypes.c_void_p()
+        self.owner.check(self.lib.specx_context_create(self.handle, ctypes.byref(handle)))
+        return Context(self.owner, handle)
+
+    def generate(self, prompt: list[int], *args: Any, **options: Any) -> Result:
+        """A generation in a context of its own (nothing kept); options as _generate's."""
+        return _generate(self, "specx_generation_create", prompt, *args, **options)
+
+
+class Context(_Handle):
+    destroy = "specx_context_destroy"
+
+    def generate(self, prompt: list[int], *args: Any, **options: Any) -> Result:
+        """A generation in this context: it keeps the prefix of its prompt the context holds."""
+        return _generate(self, "specx_generation_create_in", prompt, *args, **options)
+
+
+def _generate(
+    where: _Handle,
+    create: str,
+    prompt: list[int],
+    max_new_tokens: int = 32,
+    k: int = K_DEFAULT,
+    drafter: str | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    seed: int | None = None,
+    verification: str = "invariant",
+    cache_scope: str | None = "",
+) -> Result:
+    lib, check = where.lib, where.owner.check
+    params = ctypes.c_void_p()
+    check(lib.specx_params_create(ctypes.byref(params)))
+    generation = ctypes.c_void_p()
+    try:
+        check(lib.specx_params_set_max_new_tokens(params, max_new_tokens))
+        check(lib.specx_params_set_k(params, k))
+        check(lib.specx_params_set_drafter(params, drafter.encode() if drafter else None))
+        check(lib.specx_params_set_sampling(params, temperature, top_k, top_p, min_p))
+        check(lib.specx_params_set_verification(params, verification.encode()))
+        scope = cache_scope.encode() if cache_scope is not None else None
+        check(lib.specx_params_set_cache_scope(params, scope))
+        if seed is not None:
+            check(lib.specx_params_set_seed(params, seed))
+        ids = (ctypes.c_int64 * len(prompt))(*prompt)
+        create_fn = getattr(lib, create)
+        check(create_fn(where.handle, ids, len(prompt), params, ctypes.byref(generation)))
+        steps: list[list[int]] = []
+        buf = (ctypes.c_int64 * MAX_STEP_TOKENS)()
+        n, done = ctypes.c_size_t(), ctypes.c_int()
+        while not done.value:
             check(
-                lib.specx_generation_create(
-                    self.handle, ids, len(prompt), params, ctypes.byref(generation)
+                lib.specx_generation_next(
+                    generation, buf, MAX_STEP_TOKENS, ctypes.byref(n), ctypes.byref(done)
                 )
             )
-            steps: list[list[int]] = []
-            buf = (ctypes.c_int64 * MAX_STEP_TOKENS)()
-            n, done = ctypes.c_size_t(), ctypes.c_int()
-            while not done.value:
-                check(
-                    lib.specx_generation_next(
-                        generation, buf, MAX_STEP_TOKENS, ctypes.byref(n), ctypes.byref(done)
-                    )
-                )
-                if n.value:
-                    steps.append(list(buf[: n.value]))
-            stats = Stats()
-            check(lib.specx_generation_stats(generation, ctypes.byref(stats)))
-            return Result([t for s in steps for t in s], steps, _stats_dict(stats))
-        finally:
-            lib.specx_generation_destroy(generation)
-            lib.specx_params_destroy(params)
+            if n.value:
+                steps.append(list(buf[: n.value]))
+        stats = Stats()
+        check(lib.specx_generation_stats(generation, ctypes.byref(stats)))
+        return Result([t for s in steps for t in s], steps, _stats_dict(stats))
+    finally:
+        lib.specx_generation_destroy(generation)
+        lib.specx_params_destroy(params)
 
 
 class Detokenizer(_Handle):
