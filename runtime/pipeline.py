@@ -238,6 +238,12 @@ class Pipeline:
             with self._lock:
                 self._learned[policy_memory(drafter, batched)] = policy
 
+    def forget_policies(self) -> None:
+        """Drop what -k auto has learned (the next generations start from nothing, as in a new
+        process: specx bench's sessions start so)."""
+        with self._lock:
+            self._learned.clear()
+
     def learned_policy(self, drafter: str) -> AdaptiveK | None:
         """What -k auto has learned with a drafter so far (later requests start from it)."""
         with self._lock:

@@ -52,6 +52,16 @@ def _csv(text: str, kind: type = str, option: str = "") -> tuple[Any, ...]:
     default=None,
     help="Request counts, e.g. 1,2,4,8: the batched benchmark instead (needs export --batched).",
 )
+@click.option(
+    "--sessions",
+    default=None,
+    help="Conversation workloads, e.g. code-edit,chat,grounded: the multi-turn benchmark "
+    "instead (each turn sends the whole conversation; --drafters picks the -k auto modes, "
+    "--peers llama.cpp adds llama-server with its prompt cache).",
+)
+@click.option(
+    "--max-k", type=int, default=16, show_default=True, help="-k auto's most K (sessions)."
+)
 @click.option("-o", "--out", type=click.Path(path_type=Path), default=None)
 @click.option(
     "--from-json",
@@ -80,6 +90,8 @@ def bench(
     threads: int | None,
     quick: bool,
     concurrency: str | None,
+    sessions: str | None,
+    max_k: int,
     out: Path | None,
     from_json: Path | None,
     debug: bool,
@@ -128,6 +140,9 @@ def bench(
     if concurrency:
         _concurrency(config, _csv(concurrency, int, "--concurrency"), out)
         return
+    if sessions:
+        _sessions(config, _csv(sessions), max_k, out)
+        return
     results = run_bench(config, stderr_progress)
     folder = out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S")
     _write(folder, results, format_report(results), "results.json", "report.txt")
@@ -142,6 +157,31 @@ def _write(folder: Path, results: dict[str, Any], report: str, data: str, text: 
     (folder / data).write_text(json.dumps(results, indent=1))
     (folder / text).write_text(report + "\n")
     click.echo(report)
+
+
+def _sessions(config: Any, names: tuple[str, ...], max_k: int, out: Path | None) -> None:
+    import time
+
+    from specx.apps.bench import stderr_progress
+    from specx.apps.bench.sessions import format_sessions, run_session_bench
+    from specx.runtime.errors import InputError
+    from specx.runtime.settings import MAX_K
+
+    if not 1 <= max_k <= MAX_K:
+        raise InputError(f"--max-k must be in 1..{MAX_K}, got {max_k}")
+    results = run_session_bench(
+        config.artifact,
+        names,
+        config.drafters,
+        config.peers,
+        config.llama_server,
+        config.threads,
+        max_k,
+        stderr_progress,
+    )
+    folder = out or Path("bench-results") / time.strftime("sessions-%Y%m%d-%H%M%S")
+    _write(folder, results, format_sessions(results), "sessions.json", "sessions.txt")
+    click.echo(f"wrote {folder}", err=True)
 
 
 def _concurrency(config: Any, levels: tuple[int, ...], out: Path | None) -> None:

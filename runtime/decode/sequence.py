@@ -103,6 +103,7 @@ class Sequence:
         self.context = self.prompt
         self.n_context = int(self.prompt.shape[0])
         self.stats.prompt_tokens = self.n_context
+        self.created = perf_counter()  # the time to its first token counts from here
 
     @property
     def committed(self) -> np.ndarray:
@@ -227,6 +228,8 @@ class Sequence:
         if hits:
             new = new[: hits[0] + 1]
         n = int(new.shape[0])
+        if n and not self.stats.new_tokens:
+            self.stats.first_token_s = perf_counter() - self.created
         self.context[self.n_context : self.n_context + n] = new
         self.n_context += n
         self.stats.new_tokens += n

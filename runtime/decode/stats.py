@@ -30,6 +30,7 @@ class Stats:
     accepted_per_position: list[int] = field(default_factory=list)
     k_used: list[int] = field(default_factory=list)  # K of every step (adaptive K varies it)
     prefill_s: float = 0.0  # both models' prompt passes
+    first_token_s: float = 0.0  # from the generation's start to its first committed token
     draft_s: float = 0.0  # proposing (draft passes or lookups)
     verify_s: float = 0.0  # target passes
     decode_s: float = 0.0  # wall time of the decode loop (draft + verify + overhead)
