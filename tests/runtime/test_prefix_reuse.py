@@ -303,3 +303,57 @@ def test_on_the_specx_kernels_a_batch_row_keeps_the_cold_bits(kernel_pair: Any) 
     warm, cold = runs
     assert [r.token_ids for r in warm] == [r.token_ids for r in cold]
     assert warm[2].stats.prompt_cache == "cache"
+
+
+def _rss_bytes() -> int:
+    import os
+
+    with open(f"/proc/{os.getpid()}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_the_store_holds_memory_within_its_bound_however_much_goes_through_it() -> None:
+    """300 prefixes of 4 MB through a 64 MB store: it keeps the most recent that fit, and the
+    process's resident memory grows by about the bound, not by what went through."""
+    from specx.runtime.prefix.store import PrefixStore
+
+    limit = 64 * 2**20
+    store = PrefixStore(limit)
+    rng = np.random.default_rng(0)
+    before = _rss_bytes()
+    for i in range(300):
+        tokens = np.concatenate([[i], rng.integers(0, 1000, size=1023)]).astype(np.int64)
+        values = [rng.standard_normal((4, 1024, 64), dtype=np.float32) for _ in range(4)]
+        store.put("graph", "", tokens, values)
+        assert store.nbytes <= limit
+    grown = _rss_bytes() - before
+    assert grown < limit + 48 * 2**20, grown / 2**20
+    assert store.counts.saved == 300 and store.counts.evicted > 250
+    assert len(store) == limit // (4 * 4 * 1024 * 64 * 4 + 8 * 1024)
+
+
+def test_many_conversations_through_a_small_store_are_never_served_wrong(
+    long_pair: TinyPair,
+) -> None:
+    """Forty conversations taking turns through one workspace and a 1 MB store (a conversation
+    of a thousand tokens takes half of it): the store stays within its bound, serves the ones it
+    still holds, and every turn's tokens are the cold ones."""
+    pipe = Pipeline.load(long_pair.artifact, prefix=PrefixConfig(store_mb=1))
+    cold_pipe = Pipeline.load(long_pair.artifact, prefix=COLD)
+    rng = np.random.default_rng(1)
+    prompts = {c: rng.integers(3, 300, size=int(rng.integers(200, 900))) for c in range(40)}
+    answers: dict[int, list[int]] = {}
+    sources = []
+    for turn in range(2):
+        for c in rng.permutation(40):
+            if turn:
+                prompts[c] = np.concatenate([prompts[c], answers[c], rng.integers(3, 300, 5)])
+            warm = pipe.generate(prompts[c], max_new_tokens=6, k=0)
+            cold = cold_pipe.generate(prompts[c], max_new_tokens=6, k=0)
+            assert warm.token_ids == cold.token_ids
+            answers[c] = warm.token_ids
+            sources.append(warm.stats.prompt_cache)
+            store = pipe.prefixes.store
+            assert store is not None and store.nbytes <= 2**20
+    assert store.counts.evicted > 0 and store.counts.corrupt == 0
+    assert "store" in sources  # the conversations it still held came back from it
