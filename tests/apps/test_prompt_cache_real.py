@@ -63,7 +63,10 @@ def test_a_smollm2_chat_over_http_keeps_each_turn_and_answers_as_a_cold_server(
         # re-rendered seam after it
         kept = before.usage.prompt_tokens + before.usage.completion_tokens - 3
         assert cached >= kept, (cached, kept)
-    texts = [r.choices[0].message.content for r in warm], [r.choices[0].message.content for r in cold]
+    texts = (
+        [r.choices[0].message.content for r in warm],
+        [r.choices[0].message.content for r in cold],
+    )
     if texts[0] != texts[1]:  # where they part, the cold target must be at a near-tie
         turn = next(i for i, (a, b) in enumerate(zip(*texts, strict=True)) if a != b)
         messages: list[dict[str, str]] = []
