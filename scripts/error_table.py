@@ -286,6 +286,9 @@ def main() -> int:
             "4",
         )
         case("bench", "--concurrency 0", "bench", a, "--concurrency", "0,2")
+        case("bench", "unknown session", "bench", a, "--sessions", "poetry")
+        case("run", "negative --prompt-cache-mb", *run, a, "-p", "hi", "--prompt-cache-mb", "-1")
+        case("serve", "negative --prompt-cache-mb", "serve", a, "--prompt-cache-mb", "-5")
         # an export killed by SIGKILL midway, then the next export to the same place
         killed = subprocess.Popen(
             [

@@ -258,13 +258,31 @@ class AdaptiveK:
             return k * self.draft_ratio * self.verify_s(1)
         return est.draft_s(k, self.width_prior)
 
-    def expected_rates(self, source: str = DEFAULT_SOURCE) -> list[float]:
-        """[max_k + 1] expected tokens per second for K = 0..max_k under the current estimates."""
+    def catchup_s(self, behind: int) -> float:
+        """Reading `behind` committed tokens into a draft model before it proposes (beyond the
+        one or two every step reads, which its measured costs hold): a prompt pass of the
+        draft's size, draft_ratio times a target row's cost a token."""
+        extra = behind - 2
+        if extra <= 0 or self.row_s is None:
+            return 0.0
+        ratio = self.draft_ratio if self.draft_ratio is not None else 1.0
+        return extra * ratio * self.row_s
+
+    def expected_rates(
+        self, source: str = DEFAULT_SOURCE, behind: int = 0, left: int = 0
+    ) -> list[float]:
+        """[max_k + 1] expected tokens per second for K = 0..max_k under the current estimates.
+        A draft model `behind` the committed tokens first reads them: a step that drafts is
+        charged that catch-up's share of the `left` tokens it can still make."""
         est = self._estimate(source)
-        return [
-            tokens / (self._draft_s(est, source, k) + self.verify_s(k + 1))
-            for k, tokens in enumerate(self.expected_tokens(source))
-        ]
+        catch = self.catchup_s(behind) if source == MODEL else 0.0
+        rates = []
+        for k, tokens in enumerate(self.expected_tokens(source)):
+            cost = self._draft_s(est, source, k) + self.verify_s(k + 1)
+            if k and catch:
+                cost += catch * tokens / max(left, tokens)
+            rates.append(tokens / cost)
+        return rates
 
     def can_pay(self, source: str = DEFAULT_SOURCE) -> bool:
         """Whether drafts from `source` that were always accepted would beat K = 0 at the
@@ -276,16 +294,20 @@ class AdaptiveK:
             for k in range(1, self.max_k + 1)
         )
 
-    def decide(self, source: str = DEFAULT_SOURCE, choose: bool = True) -> StepDecision:
+    def decide(
+        self, source: str = DEFAULT_SOURCE, choose: bool = True, behind: int = 0, left: int = 0
+    ) -> StepDecision:
         """K for a step whose proposal comes from `source`, with the drafting plan for it.
         choose=False: a batch's planner sets K (batch/widths.py: WidthPlanner.plan); the decision
         then allows up to max_k and carries the plan, and the policy's own choice (with its
         probes and exploration, which a planned step would not follow) is not made."""
-        k = self.choose_k(source) if choose else (0 if source == NONE else self.max_k)
+        k = self.choose_k(source, behind, left) if choose else (0 if source == NONE else self.max_k)
         self.history.append(k)
         return StepDecision(k, self.plan(source) if k > 0 else None)
 
-    def choose_k(self, source: str = DEFAULT_SOURCE) -> int:
+    def choose_k(self, source: str = DEFAULT_SOURCE, behind: int = 0, left: int = 0) -> int:
+        """K for a step from `source`; a draft model `behind` committed tokens (it reads them
+        first), the generation able to make `left` more tokens."""
         if source == NONE:
             return 0  # the drafter has nothing to offer (a lookup without a match)
         if source == MODEL and self.lazy_draft and not self.history:
@@ -295,11 +317,11 @@ class AdaptiveK:
             k = 0  # what an extra row costs is known, a pass is not: one plain step measures it
         elif est.steps == 0 and self.row_s is None:
             k = self.start_k  # nothing measured at all
-        elif self._probe_due(source, est):
+        elif self._probe_due(source, est, behind):
             k = min(2, self.max_k)  # a probe: has the drafter started to agree again?
             est.probing = True
         else:
-            rates = self.expected_rates(source)
+            rates = self.expected_rates(source, behind, left)
             k = max(range(self.max_k + 1), key=rates.__getitem__)
             if k == 0 and source == MODEL and rates[1] >= self.HOLD * rates[0]:
                 k = 1  # hysteresis: leaving the drafter idle makes it catch up later
@@ -312,13 +334,17 @@ class AdaptiveK:
                 est.probe_after = self.probe_every if k else self._next_gap(est)
         return k
 
-    def _probe_due(self, source: str, est: SourceEstimate) -> bool:
+    def _probe_due(self, source: str, est: SourceEstimate, behind: int = 0) -> bool:
         """Whether a run of K = 0 steps has lasted long enough for a probe. A lookup is never
         probed (its first position is learned at every step for free); nor is a source that
-        could not pay even if every draft were accepted."""
+        could not pay even if every draft were accepted; and a draft model that must first read
+        what it missed waits until that catch-up fits PROBE_BUDGET of the time at K = 0."""
         if is_lookup(source) or est.zero_streak < max(self.probe_every, est.probe_after):
             return False
-        return self.can_pay(source)
+        if not self.can_pay(source):
+            return False
+        catch = self.catchup_s(behind) if source == MODEL else 0.0
+        return catch <= self.PROBE_BUDGET * est.zero_streak * self.verify_s(1)
 
     def _next_gap(self, est: SourceEstimate) -> int:
         """The K = 0 steps before the next probe after one that changed nothing: twice the last

@@ -27,6 +27,7 @@ from specx.runtime.decode.adaptive import AdaptiveK
 from specx.runtime.decode.policy import KPolicy, StepDecision, StepResult
 from specx.runtime.decode.stats import Stats
 from specx.runtime.drafters.base import (
+    MODEL,
     NO_PROPOSAL,
     NONE,
     Drafter,
@@ -36,6 +37,7 @@ from specx.runtime.drafters.base import (
     Proposal,
     SharedPassDrafter,
     is_lookup,
+    tokens_behind,
 )
 from specx.runtime.grammar_limits import GrammarError
 from specx.runtime.settings import GenerationSettings
@@ -145,7 +147,8 @@ class Sequence:
         still fits. planned: a batch's planner sets a -k auto row's K; its policy only makes the
         plan."""
         if isinstance(self.policy, AdaptiveK):
-            self.decision = self.policy.decide(self.source, choose=not planned)
+            behind = tokens_behind(self.drafter, self.committed) if self.source == MODEL else 0
+            self.decision = self.policy.decide(self.source, not planned, behind, self.tokens_left)
             most = self.policy.max_k
         else:
             self.decision = self.policy.decide(self.source)

@@ -152,6 +152,20 @@ class FeatureReader(Protocol):
 
 
 @runtime_checkable
+class CatchesUp(Protocol):
+    """A drafter whose model reads the committed tokens it has not seen before it proposes."""
+
+    def behind(self, context: np.ndarray) -> int:
+        """How many of `context` (every committed token) its model has not read yet."""
+        ...
+
+
+def tokens_behind(drafter: Drafter | None, context: np.ndarray) -> int:
+    """What a model drafter must read before its next proposal (0 for the others)."""
+    return drafter.behind(context) if isinstance(drafter, CatchesUp) else 0
+
+
+@runtime_checkable
 class HistoryKeeper(Protocol):
     """A drafter that learns from whole generations (suffix drafting keeps their outputs)."""
 

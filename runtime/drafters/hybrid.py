@@ -19,6 +19,7 @@ from specx.runtime.drafters.base import (
     Proposal,
     ProposalSteps,
     SharedPassDrafter,
+    tokens_behind,
 )
 from specx.runtime.drafters.ngram import NgramDrafter
 from specx.runtime.drafters.suffix import SuffixDrafter
@@ -57,6 +58,10 @@ class HybridDrafter:
             self.lookup.forget()
             return self.model.propose(context, k, plan)
         return self.lookup.propose(context, k, plan)
+
+    def behind(self, context: np.ndarray) -> int:
+        """What the model must read before it proposes (-k auto charges it to model steps)."""
+        return tokens_behind(self.model, context)
 
     # a batch shares the model's passes (the lookups cost nothing to share)
     def draft_session(self, source: str) -> GraphSession | None:

@@ -198,6 +198,10 @@ class ModelDrafter:
     def source(self, context: np.ndarray) -> str:
         return MODEL
 
+    def behind(self, context: np.ndarray) -> int:
+        """Committed tokens the draft cache lacks (its first proposal reads them)."""
+        return int(context.shape[0]) - self._length
+
     def propose(self, context: np.ndarray, k: int, plan: DraftPlan | None = None) -> Proposal:
         steps = self.proposal_steps(context, k, plan)
         try:

@@ -111,7 +111,8 @@ def script(seed: int, steps: int = 400) -> list[str]:
         if step and step % 90 == 0:
             lines += ["inherit", "ratio 0.2", "lazy 1", f"prefill 25 {rng.uniform(0.1, 0.2)!r}"]
         source = str(rng.choice(["model", "lookup3", "lookup16", "none"], p=[0.4, 0.3, 0.2, 0.1]))
-        lines.append(f"decide {source}")
+        behind = int(rng.choice([1, 2, 6, 300])) if source == "model" else 0
+        lines.append(f"decide {source} {behind} {int(rng.integers(5, 200))}")
         tops = rng.uniform(0.05, 1.0, size=8).tolist()
         lines += [f"plan {i} {top!r}" for i, top in enumerate(tops[:3])]
         # the step's draw: its proposal is the K decided, the rest follows from these
@@ -148,7 +149,8 @@ def run_python(lines: list[str]) -> list[str]:
             policy.observe_prefill(int(tokens), float(seconds))
         elif word == "decide":
             assert policy is not None
-            decision = policy.decide(rest)
+            source, behind, left = rest.split()
+            decision = policy.decide(source, True, int(behind), int(left))
             k, plan = decision.k, decision.plan
             out.append(f"{k}")
         elif word == "plan":

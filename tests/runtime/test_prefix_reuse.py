@@ -357,3 +357,33 @@ def test_many_conversations_through_a_small_store_are_never_served_wrong(
             assert store is not None and store.nbytes <= 2**20
     assert store.counts.evicted > 0 and store.counts.corrupt == 0
     assert "store" in sources  # the conversations it still held came back from it
+
+
+def test_a_feature_draft_reuses_no_prompt_and_says_why(distilled: dict[str, Any]) -> None:
+    """A feature draft needs the target's features of every prompt position, which a kept
+    prefix does not recompute: its generations read the prompt whole and the stats say why;
+    a lookup on the same artifact keeps the prefix."""
+    warm_pipe = Pipeline.load(distilled["artifact"])
+    cold_pipe = Pipeline.load(distilled["artifact"], prefix=COLD)
+    options = {"max_new_tokens": 10, "k": 3, "drafter": "eagle"}
+    warm = conversation(lambda p: warm_pipe.generate(p, **options))
+    cold = conversation(lambda p: cold_pipe.generate(p, **options))
+    assert [r.token_ids for r in warm] == [r.token_ids for r in cold]
+    for result in warm[1:]:
+        assert result.stats.reused_prompt_tokens == 0
+        assert "feature draft" in result.stats.prompt_cache_note
+    lookups = conversation(lambda p: warm_pipe.generate(p, max_new_tokens=10, k=3, drafter="ngram"))
+    assert lookups[2].stats.reused_prompt_tokens == expected_reuse(lookups, 2)
+
+
+def test_a_grammar_s_generation_keeps_its_prompt_as_any_other(llama_pair: TinyPair) -> None:
+    from specx.runtime import Grammar
+
+    grammar = Grammar.json_object()
+    warm_pipe = Pipeline.load(llama_pair.artifact)
+    cold_pipe = Pipeline.load(llama_pair.artifact, prefix=COLD)
+    options = {"max_new_tokens": 12, "k": 3, "drafter": "mixed", "grammar": grammar}
+    warm = conversation(lambda p: warm_pipe.generate(p, **options))
+    cold = conversation(lambda p: cold_pipe.generate(p, **options))
+    assert [r.token_ids for r in warm] == [r.token_ids for r in cold]
+    assert warm[2].stats.reused_prompt_tokens == expected_reuse(warm, 2)

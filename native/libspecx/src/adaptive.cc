@@ -141,9 +141,11 @@ bool AdaptiveK::can_pay(const std::string& source) {
   return false;
 }
 
-bool AdaptiveK::probe_due(const std::string& source, SourceEstimate& est) {
+bool AdaptiveK::probe_due(const std::string& source, SourceEstimate& est, int64_t behind) {
   if (is_lookup(source) || est.zero_streak < std::max(probe_every_, est.probe_after)) return false;
-  return can_pay(source);
+  if (!can_pay(source)) return false;
+  const double catch_s = source == "model" ? catchup_s(behind) : 0.0;
+  return catch_s <= kProbeBudget * est.zero_streak * verify_s(1);
 }
 
 int AdaptiveK::next_gap(const SourceEstimate& est) const {
@@ -160,7 +162,14 @@ double AdaptiveK::verify_s(int width) const {
   return (total + width_prior_ * line) / (n + width_prior_);
 }
 
-std::vector<double> AdaptiveK::expected_rates(const std::string& source) {
+double AdaptiveK::catchup_s(int64_t behind) const {
+  const int64_t extra = behind - 2;  // beyond what every step reads (in the measured costs)
+  if (extra <= 0 || !has_row_s_) return 0.0;
+  const double ratio = has_draft_ratio_ ? draft_ratio_ : 1.0;
+  return double(extra) * ratio * row_s_;
+}
+
+std::vector<double> AdaptiveK::expected_rates(const std::string& source, int64_t behind, int64_t left) {
   std::vector<double> tokens{1.0};
   double chain = 1.0;
   for (double p : acceptances(source)) {
@@ -168,19 +177,24 @@ std::vector<double> AdaptiveK::expected_rates(const std::string& source) {
     tokens.push_back(tokens.back() + chain);
   }
   SourceEstimate& est = estimate(source);
+  const double catch_s = source == "model" ? catchup_s(behind) : 0.0;
   std::vector<double> rates;
-  for (int k = 0; k <= max_k_; ++k)
-    rates.push_back(tokens[size_t(k)] / (draft_cost(est, source, k) + verify_s(k + 1)));
+  for (int k = 0; k <= max_k_; ++k) {
+    const double made = tokens[size_t(k)];
+    double cost = draft_cost(est, source, k) + verify_s(k + 1);
+    if (k && catch_s != 0.0) cost += catch_s * made / std::max(double(left), made);
+    rates.push_back(made / cost);
+  }
   return rates;
 }
 
-std::pair<int, DraftPlan> AdaptiveK::decide(const std::string& source) {
-  const int k = choose_k(source);
+std::pair<int, DraftPlan> AdaptiveK::decide(const std::string& source, int64_t behind, int64_t left) {
+  const int k = choose_k(source, behind, left);
   history_.push_back(k);
   return {k, k > 0 ? plan(source) : DraftPlan()};
 }
 
-int AdaptiveK::choose_k(const std::string& source) {
+int AdaptiveK::choose_k(const std::string& source, int64_t behind, int64_t left) {
   if (source == "none") return 0;  // the drafter has nothing to offer
   if (source == "model" && lazy_draft_ && history_.empty()) return 0;  // the first token waits not
   SourceEstimate& est = estimate(source);
@@ -189,11 +203,11 @@ int AdaptiveK::choose_k(const std::string& source) {
     k = 0;  // a row's cost is known, a pass's is not: one plain step measures it
   } else if (est.steps == 0 && !has_row_s_) {
     k = start_k_;  // nothing measured at all
-  } else if (probe_due(source, est)) {
+  } else if (probe_due(source, est, behind)) {
     k = std::min(2, max_k_);  // a probe: has the drafter started to agree again?
     est.probing = true;
   } else {
-    const std::vector<double> rates = expected_rates(source);
+    const std::vector<double> rates = expected_rates(source, behind, left);
     k = int(std::max_element(rates.begin(), rates.end()) - rates.begin());  // the first best
     if (k == 0 && source == "model" && rates[1] >= kHold * rates[0]) k = 1;  // catch-up later
     if (est.steps % explore_every_ == 0 && k > 0) k = std::min(max_k_, k + 1);

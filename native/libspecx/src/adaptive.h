@@ -12,6 +12,7 @@
 // lookups are never probed, and a lazy draft model is not asked at a generation's first step.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
@@ -62,21 +63,23 @@ class AdaptiveK {
   void set_draft_ratio(double ratio) { has_draft_ratio_ = true; draft_ratio_ = ratio; }
   void set_lazy_draft(bool lazy) { lazy_draft_ = lazy; }
   bool can_pay(const std::string& source);
-  // K for a step from `source`, and the drafting plan (empty function: none)
-  std::pair<int, DraftPlan> decide(const std::string& source);
+  // K for a step from `source`, and the drafting plan (empty function: none); a draft model
+  // `behind` the committed tokens reads them first, the generation able to make `left` more
+  std::pair<int, DraftPlan> decide(const std::string& source, int64_t behind = 0, int64_t left = 0);
   void observe(const StepResult& step);
 
  private:
   SourceEstimate& estimate(const std::string& source);
   std::vector<double> acceptances(const std::string& source);
-  std::vector<double> expected_rates(const std::string& source);
+  std::vector<double> expected_rates(const std::string& source, int64_t behind = 0, int64_t left = 0);
+  double catchup_s(int64_t behind) const;
   double verify_line_s(int width) const;
   double verify_s(int width) const;
   bool fitted_slope(double& slope) const;
   double draft_cost(SourceEstimate& est, const std::string& source, int k) const;
-  bool probe_due(const std::string& source, SourceEstimate& est);
+  bool probe_due(const std::string& source, SourceEstimate& est, int64_t behind);
   int next_gap(const SourceEstimate& est) const;
-  int choose_k(const std::string& source);
+  int choose_k(const std::string& source, int64_t behind, int64_t left);
   DraftPlan plan(const std::string& source);
   void observe_verify(const StepResult& step);
   void observe_draft_cost(SourceEstimate& est, const StepResult& step);

@@ -58,6 +58,9 @@ class Drafter {
   // the generation ended with these new tokens (suffix drafting keeps them; base.py's
   // HistoryKeeper)
   virtual void finish(const int64_t*, int64_t) {}
+  // committed tokens its model has not read (it reads them before proposing; base.py's
+  // CatchesUp): 0 without a model
+  virtual int64_t behind(const int64_t*, int64_t) const { return 0; }
 };
 
 // A drafter that looks its proposal up in text (ngram, suffix): free, and a hybrid's first try.
@@ -77,6 +80,7 @@ class ModelDrafter : public Drafter {
   std::string source(const int64_t*, int64_t) override { return "model"; }
   Proposal propose(const int64_t* context, int64_t n, int k, const DraftPlan& plan) override;
   void commit(int accepted) override;
+  int64_t behind(const int64_t*, int64_t n) const override { return n - runner_.length(); }
 
  private:
   const float* feed(const int64_t* tokens, int64_t n);  // the last row's logits
@@ -130,6 +134,7 @@ class HybridDrafter : public Drafter {
   Proposal propose(const int64_t* context, int64_t n, int k, const DraftPlan& plan) override;
   void commit(int accepted) override;
   void finish(const int64_t* output, int64_t n) override { lookup_->finish(output, n); }
+  int64_t behind(const int64_t* context, int64_t n) const override { return model_->behind(context, n); }
 
  private:
   static constexpr size_t kMinMatchTokens = 2;

@@ -173,9 +173,10 @@ Generation::~Generation() {
 std::vector<int64_t> Generation::step() {
   const int64_t* context = committed_.data();
   const std::string source = drafter_ ? drafter_->source(context, n_context_) : "none";
-  auto [wanted, plan] = policy_ ? policy_->decide(source) : std::make_pair(k_, DraftPlan());
-  const int64_t room = target_.capacity() - target_.length() - 1;
+  const int64_t behind = source == "model" ? drafter_->behind(context, n_context_) : 0;
   const int64_t left = settings_.max_new_tokens - stats_.new_tokens;
+  auto [wanted, plan] = policy_ ? policy_->decide(source, behind, left) : std::make_pair(k_, DraftPlan());
+  const int64_t room = target_.capacity() - target_.length() - 1;
   const int64_t limit = std::max<int64_t>(0, std::min<int64_t>({room, left - 1, int64_t(k_)}));
   const int k = int(std::max<int64_t>(0, std::min<int64_t>(wanted, limit)));
   double t0 = now();

@@ -5,7 +5,8 @@
 //   inherit                     a fresh policy that inherits what the last one learned
 //   ratio R | lazy 0|1          its draft ratio; whether its draft model reads the prompt lazily
 //   prefill TOKENS SECONDS      the prompt's passes
-//   decide SOURCE               prints K
+//   decide SOURCE [BEHIND LEFT]  prints K (a draft model BEHIND the committed tokens, LEFT
+//                               tokens the generation may still make)
 //   plan POSITION TOP           the last decision's plan: prints "take more" (0/1 each)
 //   observe SOURCE PROPOSED ACCEPTED DRAFT_S VERIFY_S CATCHUP HIT [CONFIDENCE...]
 //                               (HIT -1: no lookup offer; 0/1: its first token was right)
@@ -49,8 +50,9 @@ int main() {
       policy->observe_prefill(tokens, std::strtod(seconds.c_str(), nullptr));
     } else if (command == "decide") {
       std::string source;
-      in >> source;
-      auto [k, made] = policy->decide(source);
+      long long behind = 0, left = 0;
+      in >> source >> behind >> left;
+      auto [k, made] = policy->decide(source, behind, left);
       plan = made;
       std::printf("%d\n", k);
     } else if (command == "plan") {
