@@ -4,6 +4,7 @@ and answers what a cold start answers. Runs where the test command fetched the m
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ def test_a_smollm2_chat_over_http_keeps_each_turn_and_answers_as_a_cold_server(
         warm = chat(openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0))
     with serving(smollm2_artifact, prefix=PrefixConfig(reuse=False)) as (base, _s, _p):
         cold = chat(openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0))
-    for before, reply in zip(warm, warm[1:], strict=False):
+    for before, reply in itertools.pairwise(warm):
         cached = reply.usage.prompt_tokens_details.cached_tokens
         # the previous prompt and answer, but the answer's end token and the template's
         # re-rendered seam after it
@@ -100,7 +101,7 @@ def test_a_qwen_conversation_on_the_specx_kernels_keeps_the_cold_bits(
         runs.append(results)
     warm, cold = runs
     assert [r.token_ids for r in warm] == [r.token_ids for r in cold]
-    for before, result in zip(warm, warm[1:], strict=False):
+    for before, result in itertools.pairwise(warm):
         kept = len(before.prompt_token_ids) + len(before.token_ids) - 3
         assert result.stats.reused_prompt_tokens >= kept
     (workspace,) = warm_pipe._pool["suffix+draft"]
