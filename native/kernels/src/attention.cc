@@ -2,7 +2,9 @@
 // group) at a time, each head in one order whatever the pass's width or thread count.
 #include "attention.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "matmul.h"
@@ -28,6 +30,31 @@ void rotate(const AttentionShape& s, const float* cos, const float* sin, int64_t
     y[d + half] = x[d + half] * c[d] + x[d] * n[d];
   }
   for (int64_t d = s.rotary_dim; d < s.head_dim; ++d) y[d] = x[d];
+}
+
+// e^x for the softmax's x <= 0 (scores less their maximum), the same bits on every path: range
+// reduction x = n ln2 + r (n rounded to nearest even; ln2 in two parts, by fma), Cephes' degree-6
+// polynomial for e^r by fma in one order, 2^n as the exponent's bits; below -87 (e^x under the
+// normal floats) 0. Relative error under 2e-7; the AVX2 build computes eight at once with the
+// same operations.
+constexpr float kExpLow = -87.0f, kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kExpP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                            4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+inline float softmax_exp(float x) {
+  if (!(x >= kExpLow)) return 0.0f;
+  const float n = std::nearbyint(x * kLog2e);
+  float r = std::fma(n, -kLn2Hi, x);
+  r = std::fma(n, -kLn2Lo, r);
+  float p = kExpP[0];
+  for (int i = 1; i < 6; ++i) p = std::fma(p, r, kExpP[i]);
+  const float rr = r * r;
+  const float e = std::fma(p, rr, r) + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return e * scale;
 }
 
 inline float reduce(const float* v) {
@@ -60,14 +87,134 @@ __attribute__((target("avx2,fma"))) inline float dot_avx2(const float* q, const 
   return reduce(lanes);
 }
 
-__attribute__((target("avx2,fma"))) inline void accumulate_avx2(float w, const float* v,
-                                                                float* o, int64_t dim) {
-  const __m256 weight = _mm256_set1_ps(w);
+// dot_avx2 of NH heads' queries against NK consecutive keys, their NH x NK chains interleaved:
+// each dot is a chain of dependent fmas (latency-bound alone), and a dozen independent ones fill
+// the pipelines; each keeps its own lanes and order: the same bits as dot_avx2 one by one.
+// out[h * stride + k] = dot(rq + h * dim, keys + k * dim).
+template <int NH, int NK>
+__attribute__((target("avx2,fma"))) inline void block_dots(const float* rq, const float* keys,
+                                                           int64_t dim, float* out,
+                                                           int64_t stride) {
+  __m256 acc[NH][NK];
+  for (int h = 0; h < NH; ++h) {
+    for (int k = 0; k < NK; ++k) acc[h][k] = _mm256_setzero_ps();
+  }
   int64_t d = 0;
   for (; d + kLanes <= dim; d += kLanes) {
-    _mm256_storeu_ps(o + d, _mm256_fmadd_ps(weight, _mm256_loadu_ps(v + d), _mm256_loadu_ps(o + d)));
+    __m256 key[NK];
+    for (int k = 0; k < NK; ++k) key[k] = _mm256_loadu_ps(keys + k * dim + d);
+    for (int h = 0; h < NH; ++h) {
+      const __m256 q = _mm256_loadu_ps(rq + h * dim + d);
+      for (int k = 0; k < NK; ++k) acc[h][k] = _mm256_fmadd_ps(q, key[k], acc[h][k]);
+    }
   }
-  for (; d < dim; ++d) o[d] = std::fma(w, v[d], o[d]);
+  for (int h = 0; h < NH; ++h) {
+    for (int k = 0; k < NK; ++k) {
+      alignas(32) float lanes[kLanes];
+      _mm256_store_ps(lanes, acc[h][k]);
+      for (int64_t e = d; e < dim; ++e) {
+        lanes[e % kLanes] = std::fma(rq[h * dim + e], keys[k * dim + e], lanes[e % kLanes]);
+      }
+      out[h * stride + k] = reduce(lanes);
+    }
+  }
+}
+
+template <int NH>
+__attribute__((target("avx2,fma"))) inline void head_dots(const float* rq, const float* keys,
+                                                          int64_t n, int64_t dim, float* out,
+                                                          int64_t stride) {
+  int64_t k = 0;
+  for (; k + 4 <= n; k += 4) block_dots<NH, 4>(rq, keys + k * dim, dim, out + k, stride);
+  switch (n - k) {
+    case 3: return block_dots<NH, 3>(rq, keys + k * dim, dim, out + k, stride);
+    case 2: return block_dots<NH, 2>(rq, keys + k * dim, dim, out + k, stride);
+    case 1: return block_dots<NH, 1>(rq, keys + k * dim, dim, out + k, stride);
+    default: return;
+  }
+}
+
+// The scores of `heads` queries against n consecutive keys: out[h * stride + k], three heads
+// and four keys at a time.
+__attribute__((target("avx2,fma"))) inline void scores_avx2(const float* rq, int64_t heads,
+                                                            const float* keys, int64_t n,
+                                                            int64_t dim, float* out,
+                                                            int64_t stride) {
+  int64_t h = 0;
+  for (; h + 3 <= heads; h += 3) head_dots<3>(rq + h * dim, keys, n, dim, out + h * stride, stride);
+  switch (heads - h) {
+    case 2: return head_dots<2>(rq + h * dim, keys, n, dim, out + h * stride, stride);
+    case 1: return head_dots<1>(rq + h * dim, keys, n, dim, out + h * stride, stride);
+    default: return;
+  }
+}
+
+// w[j] = softmax_exp(w[j] - top) for j in [0, n), eight at a time.
+__attribute__((target("avx2,fma"))) inline void softmax_exp_avx2(float* w, int64_t n, float top) {
+  const __m256 low = _mm256_set1_ps(kExpLow), t = _mm256_set1_ps(top);
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    const __m256 x = _mm256_sub_ps(_mm256_loadu_ps(w + j), t);
+    const __m256 n8 = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fmadd_ps(n8, _mm256_set1_ps(-kLn2Hi), x);
+    r = _mm256_fmadd_ps(n8, _mm256_set1_ps(-kLn2Lo), r);
+    __m256 p = _mm256_set1_ps(kExpP[0]);
+    for (int i = 1; i < 6; ++i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP[i]));
+    const __m256 e = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n8), _mm256_set1_epi32(127)), 23);
+    const __m256 y = _mm256_mul_ps(e, _mm256_castsi256_ps(bits));
+    const __m256 keep = _mm256_cmp_ps(x, low, _CMP_GE_OQ);  // x >= -87 (NaN: not)
+    _mm256_storeu_ps(w + j, _mm256_and_ps(y, keep));
+  }
+  for (; j < n; ++j) w[j] = softmax_exp(w[j] - top);
+}
+
+// out[d] += sum over keys j in order of w[j] * v_j[d] (out from 0 where `first`), by fma, for
+// one head over a block of keys: each output lane is its own chain in key order (the same bits
+// as accumulating key by key), the head's outputs held in registers 64 at a time while the
+// block's keys, in the L1 cache for every head of the group, stream past.
+template <int N>
+__attribute__((target("avx2,fma"))) inline void weighted_chunks(const float* w, const float* v,
+                                                                int64_t keys, int64_t dim,
+                                                                bool first, float* out) {
+  __m256 acc[N];
+  for (int c = 0; c < N; ++c) {
+    acc[c] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + kLanes * c);
+  }
+  for (int64_t j = 0; j < keys; ++j) {
+    const __m256 weight = _mm256_set1_ps(w[j]);
+    const float* row = v + j * dim;
+    for (int c = 0; c < N; ++c) {
+      acc[c] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(row + kLanes * c), acc[c]);
+    }
+  }
+  for (int c = 0; c < N; ++c) _mm256_storeu_ps(out + kLanes * c, acc[c]);
+}
+
+__attribute__((target("avx2,fma"))) inline void weighted_sum_avx2(const float* w, const float* v,
+                                                                  int64_t keys, int64_t dim,
+                                                                  bool first, float* out) {
+  int64_t d = 0;
+  for (; d + 8 * kLanes <= dim; d += 8 * kLanes) {
+    weighted_chunks<8>(w, v + d, keys, dim, first, out + d);
+  }
+  switch ((dim - d) / kLanes) {
+    case 7: weighted_chunks<7>(w, v + d, keys, dim, first, out + d); break;
+    case 6: weighted_chunks<6>(w, v + d, keys, dim, first, out + d); break;
+    case 5: weighted_chunks<5>(w, v + d, keys, dim, first, out + d); break;
+    case 4: weighted_chunks<4>(w, v + d, keys, dim, first, out + d); break;
+    case 3: weighted_chunks<3>(w, v + d, keys, dim, first, out + d); break;
+    case 2: weighted_chunks<2>(w, v + d, keys, dim, first, out + d); break;
+    case 1: weighted_chunks<1>(w, v + d, keys, dim, first, out + d); break;
+    default: break;
+  }
+  for (d += (dim - d) / kLanes * kLanes; d < dim; ++d) {
+    float o = first ? 0.0f : out[d];
+    for (int64_t j = 0; j < keys; ++j) o = std::fma(w[j], v[j * dim + d], o);
+    out[d] = o;
+  }
 }
 #endif
 
@@ -98,44 +245,52 @@ __attribute__((always_inline)) inline void group_impl(const AttentionJob& job, i
   }
   const float* keys = job.cache_key + (b * s.kv_heads + g) * s.capacity * dim;
   const float* values = job.cache_value + (b * s.kv_heads + g) * s.capacity * dim;
-  for (int64_t j = 0; j < span; ++j) {
-    const float* k = keys + (lo + j) * dim;
-    for (int64_t h = 0; h < group; ++h) {
-      float score;
 #if defined(__x86_64__) && defined(__GNUC__)
-      if constexpr (kAvx2) {
-        score = dot_avx2(rq + h * dim, k, dim);
-      } else
+  if constexpr (kAvx2) {
+    scores_avx2(rq, group, keys + lo * dim, span, dim, scores, span);
+    for (int64_t e = 0; e < group * span; ++e) scores[e] *= s.scale;
+  } else
 #endif
-      {
-        score = dot(rq + h * dim, k, dim);
-      }
-      scores[h * span + j] = score * s.scale;
+  {
+    for (int64_t j = 0; j < span; ++j) {
+      const float* k = keys + (lo + j) * dim;
+      for (int64_t h = 0; h < group; ++h) scores[h * span + j] = dot(rq + h * dim, k, dim) * s.scale;
     }
   }
   for (int64_t h = 0; h < group; ++h) {
     float* w = scores + h * span;
     float top = -INFINITY;
     for (int64_t j = 0; j < span; ++j) top = std::fmax(top, w[j]);
-    float total = 0.0f;
-    for (int64_t j = 0; j < span; ++j) {
-      w[j] = std::exp(w[j] - top);
-      total += w[j];
+#if defined(__x86_64__) && defined(__GNUC__)
+    if constexpr (kAvx2) {
+      softmax_exp_avx2(w, span, top);
+    } else
+#endif
+    {
+      for (int64_t j = 0; j < span; ++j) w[j] = softmax_exp(w[j] - top);
     }
+    float total = 0.0f;
+    for (int64_t j = 0; j < span; ++j) total += w[j];
     totals[h] = total;
   }
   float* out = job.out + (b * s.seq + i) * s.heads * dim + g * group * dim;  // [group, dim]
-  for (int64_t e = 0; e < group * dim; ++e) out[e] = 0.0f;
-  for (int64_t j = 0; j < span; ++j) {
-    const float* v = values + (lo + j) * dim;
-    for (int64_t h = 0; h < group; ++h) {
 #if defined(__x86_64__) && defined(__GNUC__)
-      if constexpr (kAvx2) {
-        accumulate_avx2(scores[h * span + j], v, out + h * dim, dim);
-        continue;
+  if constexpr (kAvx2) {  // blocks of keys, a head at a time in registers (the same chains)
+    constexpr int64_t kBlock = 32;  // keys whose values stay in L1 while the heads read them
+    for (int64_t j0 = 0; j0 < span; j0 += kBlock) {
+      const int64_t keys = std::min(kBlock, span - j0);
+      for (int64_t h = 0; h < group; ++h) {
+        weighted_sum_avx2(scores + h * span + j0, values + (lo + j0) * dim, keys, dim, j0 == 0,
+                          out + h * dim);
       }
+    }
+  } else
 #endif
-      accumulate(scores[h * span + j], v, out + h * dim, dim);
+  {
+    for (int64_t e = 0; e < group * dim; ++e) out[e] = 0.0f;
+    for (int64_t j = 0; j < span; ++j) {
+      const float* v = values + (lo + j) * dim;
+      for (int64_t h = 0; h < group; ++h) accumulate(scores[h * span + j], v, out + h * dim, dim);
     }
   }
   for (int64_t h = 0; h < group; ++h) {
