@@ -301,6 +301,21 @@ def session_rows(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return rows
 
 
+def worst_turn(row: dict[str, Any], alone: dict[str, Any] | None) -> float | None:
+    """The lowest of a mode's per-turn decode rates over the target alone's with reuse (the
+    same answers turn for turn, so the same tokens): what '-k auto never loses' is held to."""
+    if alone is None or "K=auto" not in row["mode"] or not row["mode"].startswith("specx"):
+        return None
+    ratios = [
+        a / b
+        for a, b in zip(
+            row["turn_decode_tokens_per_s"], alone["turn_decode_tokens_per_s"], strict=False
+        )
+        if b > 0
+    ]
+    return min(ratios) if ratios else None
+
+
 def _row(name: str, run: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, Any]:
     turns = [Turn(**t) for t in run["turns"]]
     tokens = sum(t.new_tokens for t in turns)
@@ -331,6 +346,7 @@ def format_sessions(results: dict[str, Any]) -> str:
         f"{m['date']}  {m['cpu']} ({m['cores']} cores)",
         "greedy; every turn sends the whole conversation; TTFT: time to the first token; cached:",
         "prompt tokens kept from before; tok/s: the session's new tokens over its decode time;",
+        "worst: the lowest turn's decode rate over specx's target alone (reuse on), that turn;",
         "same: turns whose answer equals the reference's (specx: reuse off, target alone;",
         "llama.cpp: its target alone)",
     ]
@@ -340,16 +356,19 @@ def format_sessions(results: dict[str, Any]) -> str:
         lines += ["", f"{sname}: {turns} turns, up to {most} new tokens each"]
         lines.append(
             f"{'mode':<30} {'TTFT per turn (s)':<26} {'cached per turn':<22} "
-            f"{'tok/s':>6} {'tok/pass':>8} {'session s':>9} {'same':>5}"
+            f"{'tok/s':>6} {'worst':>5} {'tok/pass':>8} {'session s':>9} {'same':>5}"
         )
         base = next((r for r in rows if r["mode"] == REFERENCE), None)
+        alone = next((r for r in rows if r["mode"] == "specx"), None)
         for r in rows:
             ttft = " ".join(f"{x:.1f}" for x in r["first_token_s"])
             cached = " ".join(str(c) for c in r["cached"])
             same = "-" if r["same_turns"] is None else f"{r['same_turns']}/{r['turns']}"
+            worst = worst_turn(r, alone)
+            low = "" if worst is None else f"{worst:.2f}"
             lines.append(
                 f"{r['mode']:<30} {ttft:<26} {cached:<22} {r['decode_tokens_per_s']:>6.1f} "
-                f"{r['tokens_per_pass']:>8.2f} {r['session_s']:>9.1f} {same:>5}"
+                f"{low:>5} {r['tokens_per_pass']:>8.2f} {r['session_s']:>9.1f} {same:>5}"
             )
         if base is not None:
             fastest = min(
