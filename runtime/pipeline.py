@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +25,11 @@ from specx.runtime.batch.decoder import BatchDecoder
 from specx.runtime.batch.scheduler import BatchScheduler, Submission
 from specx.runtime.batch.widths import WidthPlanner
 from specx.runtime.constraint import Constraint, Grammar, GrammarTokenizer
-from specx.runtime.decode import sequence
+from specx.runtime.decode import choice, sequence
 from specx.runtime.decode.adaptive import AdaptiveK
+from specx.runtime.decode.choice import LearnedPolicies
 from specx.runtime.decode.loop import decode_loop
-from specx.runtime.decode.policy import FixedK, KPolicy
+from specx.runtime.decode.policy import KPolicy
 from specx.runtime.decode.sequence import Emit
 from specx.runtime.decode.stats import Stats
 from specx.runtime.drafters import registry
@@ -40,24 +40,11 @@ from specx.runtime.grammar_limits import DEFAULT_LIMITS, GrammarLimits
 from specx.runtime.kv_cache import KVCache
 from specx.runtime.prefix.cache import PrefixCache, PrefixConfig
 from specx.runtime.result import Generation, GenerationResult
-from specx.runtime.settings import AUTO, DEFAULT_K, MAX_K, GenerationSettings
+from specx.runtime.settings import MAX_K, GenerationSettings
 from specx.runtime.tokenizer import TextCodec
+from specx.runtime.workspaces import Workspace, WorkspacePool
 
 Prompt = str | Sequence[int] | np.ndarray
-
-
-@dataclass
-class _Workspace:
-    drafter_name: str
-    target: GraphSession
-    cache: KVCache
-    drafter: Drafter | None
-
-
-def policy_memory(drafter: str, batched: bool) -> str:
-    """Under which name -k auto keeps what it learned: alone and in a batch, drafting and
-    verifying cost differently, so the two never start from each other's estimates."""
-    return f"{drafter} (batched)" if batched else drafter
 
 
 class Pipeline:
@@ -79,9 +66,9 @@ class Pipeline:
         self._alternating = any(d.graph != manifest.target.graph for d in manifest.drafts)
         self.target = self._open(manifest.target)
         self._drafts: dict[str, GraphSession] = {}
-        self._pool: dict[str, list[_Workspace]] = {}
+        self.workspaces = WorkspacePool(self._new_workspace)  # generations alone run on these
         self._lock = threading.Lock()
-        self._learned: dict[str, AdaptiveK] = {}  # -k auto: what each drafter's runs taught
+        self._learned = LearnedPolicies()  # -k auto: what each drafter's runs taught
         self._free_drafters: dict[str, list[Drafter | None]] = {}  # for batched generations
         self._scheduler: BatchScheduler | None = None
         self.batch_pass_costs = WidthPlanner()  # what batched passes cost, measured as they run
@@ -204,50 +191,28 @@ class Pipeline:
     def batching(self) -> BatchScheduler | None:
         return self._scheduler
 
-    def _new_workspace(self, drafter_name: str) -> _Workspace:
+    def _new_workspace(self, drafter_name: str) -> Workspace:
         target = self.target.fork()
         cache = target.new_cache(self.manifest.max_length)
-        return _Workspace(drafter_name, target, cache, self.new_drafter(drafter_name))
-
-    def _acquire(self, drafter_name: str, seq: sequence.Sequence) -> _Workspace:
-        """A free workspace of the drafter: the one whose cache holds the longest prefix of the
-        sequence's prompt for its scope; where none holds any, the least recently used (its
-        prefix goes to the store); a new one where none is free."""
-        reading, scope = seq.prompt[:-1], seq.settings.cache_scope
-        with self._lock:
-            free = self._pool.setdefault(drafter_name, [])
-            if free:
-                shared = [w.cache.shared_prefix(0, reading, scope) for w in free]
-                best = max(range(len(free)), key=lambda i: (shared[i], i))
-                return free.pop(best if shared[best] else 0)
-        return self._new_workspace(drafter_name)
-
-    def _release(self, workspace: _Workspace) -> None:
-        with self._lock:
-            self._pool[workspace.drafter_name].append(workspace)
+        return Workspace(drafter_name, target, cache, self.new_drafter(drafter_name))
 
     def idle_workspaces(self, drafter: str) -> int:
         """Workspaces of a drafter waiting in the pool (each holds its caches)."""
-        with self._lock:
-            return len(self._pool.get(drafter, []))
+        return len(self.workspaces.idle(drafter))
 
     def remember_policy(self, drafter: str, policy: KPolicy, batched: bool = False) -> None:
         """Keep what a -k auto generation learned, for the next ones with this drafter (batched
-        generations apart: their costs are the batch's, policy_memory)."""
-        if isinstance(policy, AdaptiveK) and policy.history:
-            with self._lock:
-                self._learned[policy_memory(drafter, batched)] = policy
+        generations apart: their costs are the batch's, choice.policy_memory)."""
+        self._learned.remember(drafter, policy, batched)
 
     def forget_policies(self) -> None:
         """Drop what -k auto has learned (the next generations start from nothing, as in a new
         process: specx bench's sessions start so)."""
-        with self._lock:
-            self._learned.clear()
+        self._learned.forget()
 
     def learned_policy(self, drafter: str) -> AdaptiveK | None:
         """What -k auto has learned with a drafter so far (later requests start from it)."""
-        with self._lock:
-            return self._learned.get(drafter)
+        return self._learned.learned(drafter)
 
     # -- generation -----------------------------------------------------------------------
     def grammar_tokenizer(self) -> GrammarTokenizer:
@@ -315,59 +280,7 @@ class Pipeline:
         self, settings: GenerationSettings, batched: bool = False
     ) -> tuple[KPolicy, int, str]:
         """(K policy, K to report, drafter name) for these settings on this artifact."""
-        name = settings.drafter or self.default_drafter
-        if name not in self.drafter_names:
-            raise InputError(
-                f"unknown drafter {name!r}",
-                f"choose one of: {', '.join(self.drafter_names)}",
-                "drafter",
-            )
-        profile = self.manifest.profile or {}
-        limit = int(profile.get("k_max", MAX_K))
-        k = settings.k
-        if k is None:
-            k = 0 if name == registry.NO_DRAFTER else int(profile.get("k_default", DEFAULT_K))
-        if k == AUTO:
-            if name == registry.NO_DRAFTER:
-                raise InputError(
-                    "-k auto needs a drafter", "pass --draft NAME (or ngram)", "drafter"
-                )
-            max_k = min(settings.max_k, limit)
-            policy = AdaptiveK(max_k=max_k)
-            policy.draft_ratio = self.draft_ratio(name)
-            policy.lazy_draft = not batched  # alone, the draft reads the prompt when first asked
-            previous = self.learned_policy(policy_memory(name, batched))
-            if previous is not None:
-                policy.inherit(previous)
-            return policy, max_k, name
-        assert isinstance(k, int)  # GenerationSettings parsed it
-        if k > limit:
-            raise InputError(
-                f"K={k} exceeds the profile's k_max {limit} (its engines verify at most "
-                f"{limit + 1} tokens per pass)",
-                f"use -k {limit} or less, or re-export with a profile allowing more",
-                "k",
-            )
-        if k == 0:
-            name = registry.NO_DRAFTER
-        elif name == registry.NO_DRAFTER:
-            raise InputError(
-                f"K={k} needs a drafter, and --draft none asks for the target alone",
-                "use -k 0 (target alone), or --draft one of: "
-                + ", ".join(n for n in self.drafter_names if n != registry.NO_DRAFTER),
-                "drafter",
-            )
-        return FixedK(k), k, name
-
-    def draft_ratio(self, drafter: str) -> float | None:
-        """The weight bytes a pass of the drafter's model reads over the target's (a draft
-        pass's cost until one is measured); None for drafters without a model."""
-        inner = registry.split_hybrid(drafter) or drafter
-        spec = next((d for d in self.manifest.drafts if d.name == inner), None)
-        target = self.manifest.target.weight_bytes
-        if spec is None or spec.head is not None or not spec.weight_bytes or not target:
-            return None
-        return spec.weight_bytes / target
+        return choice.resolve_policy(self.manifest, settings, self._learned, batched)
 
     def validate(self, settings: GenerationSettings) -> None:
         """Raise the InputError that `stream` would raise for these settings on this artifact
@@ -442,12 +355,12 @@ class Pipeline:
 
     def _solo(self, seq: sequence.Sequence, drafter_name: str) -> Iterator[np.ndarray]:
         """The generation alone, on a workspace of its own."""
-        workspace = self._acquire(drafter_name, seq)
+        workspace = self.workspaces.acquire(drafter_name, seq.prompt, seq.settings.cache_scope)
         seq.drafter = workspace.drafter
         try:
             yield from decode_loop(workspace.target, workspace.cache, seq, self._resume)
         finally:
-            self._release(workspace)
+            self.workspaces.release(workspace)
 
     def _resume(self, cache: KVCache, seq: sequence.Sequence) -> None:
         """Keep the prefix of the sequence's prompt the target's cache holds (decode_loop)."""

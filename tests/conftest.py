@@ -331,10 +331,10 @@ def distilled(tmp_path_factory: Any, tokenizer: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def cheap_drafts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """-k auto assumes a draft pass costs what its weights say (Pipeline.draft_ratio) until it
+    """-k auto assumes a draft pass costs what its weights say (choice.draft_ratio) until it
     is measured; the tiny pairs' drafts are as large as their targets, so it would never ask
     them. Tests of what -k auto does while drafting pretend they are twenty times smaller, as
     real pairs' drafts are several times smaller."""
-    from specx.runtime import Pipeline
+    from specx.runtime.decode import choice
 
-    monkeypatch.setattr(Pipeline, "draft_ratio", lambda self, drafter: 0.05)
+    monkeypatch.setattr(choice, "draft_ratio", lambda manifest, drafter: 0.05)

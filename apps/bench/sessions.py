@@ -4,13 +4,14 @@ Every turn sends the whole conversation so far (the system message, the earlier 
 model's own answers) through the chat template, as an agent does; the model's answer becomes
 the next turn's history. Per turn: prompt tokens, cached tokens (the prompt positions the engine
 kept from before instead of computing), the time to the first token, decode tokens/s and tokens
-per target pass; per session: the total time. Each mode runs every session on its own, with its
-own answers: specx with prompt reuse off (every prompt read whole), specx with reuse (the target
+per target pass; per session: the total time. Each mode answers every session with its own
+answers: specx with prompt reuse off (every prompt read whole), specx with reuse (the target
 alone, and each drafter with -k auto), and llama-server on the artifact's own GGUF files with its
-prompt cache on (its default), alone and with its speculative modes. Each specx mode's sessions
-run in a cache scope of their own and start with nothing learned, as in a new process; greedy
-answers are checked against specx's target alone with reuse off (exactness), llama.cpp's against
-its own target alone.
+prompt cache on (its default), alone and with its speculative modes. specx's modes run
+interleaved turn by turn, each in a cache scope of its own, each session starting with nothing
+learned; llama-server's modes run one after the other, a server each. Greedy answers are checked
+against specx's target alone with reuse off (exactness), llama.cpp's against its own target
+alone.
 """
 
 from __future__ import annotations
@@ -21,14 +22,14 @@ import os
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from specx.runtime import GenerationSettings, InputError, Pipeline
 from specx.runtime.drafters.registry import NO_DRAFTER, benchmark_drafters
-from specx.runtime.prefix import PrefixCache, PrefixConfig
+from specx.runtime.prefix import PrefixConfig
 
 Progress = Callable[[str], None]
 REFERENCE = "specx, reuse off"
@@ -85,45 +86,84 @@ def specx_modes(pipe: Pipeline, drafters: tuple[str, ...] | None) -> list[dict[s
     return modes
 
 
-def run_specx_session(
-    pipe: Pipeline, session: dict[str, Any], mode: dict[str, Any], scope: str, max_k: int
-) -> tuple[list[Turn], list[str]]:
-    """The session's turns through `pipe` as `mode` asks: (turns, answers)."""
-    pipe.prefixes = PrefixCache(PrefixConfig(reuse=mode["reuse"]))
-    pipe.forget_policies()
-    k: Any = 0 if mode["drafter"] == NO_DRAFTER else "auto"
-    settings = GenerationSettings(
-        max_new_tokens=int(session["max_new_tokens"]),
-        k=k,
-        max_k=max_k,
-        drafter=mode["drafter"],
-        cache_scope=scope,
+@dataclass
+class Conversation:
+    """One mode's conversation of one session: its messages so far, its turns and answers."""
+
+    mode: dict[str, Any]
+    settings: GenerationSettings
+    messages: list[dict[str, str]]
+    turns: list[Turn] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+
+
+def specx_turn(pipe: Pipeline, conv: Conversation, text: str) -> None:
+    """The conversation's next turn through `pipe`: the whole conversation, then its answer."""
+    conv.messages.append({"role": "user", "content": text})
+    prompt = pipe.codec.encode_messages(conv.messages)
+    t0 = time.perf_counter()
+    result = pipe.generate(prompt, conv.settings)
+    total = time.perf_counter() - t0
+    s = result.stats
+    turn = Turn(
+        len(conv.turns) + 1,
+        s.prompt_tokens,
+        s.reused_prompt_tokens,
+        s.first_token_s,
+        s.new_tokens,
+        s.decode_s,
+        total,
+        s.target_passes,
+        digest(result.text),
     )
-    messages = [{"role": "system", "content": session["system"]}]
-    turns, answers = [], []
-    for i, text in enumerate(session["turns"]):
-        messages.append({"role": "user", "content": text})
-        prompt = pipe.codec.encode_messages(messages)
-        t0 = time.perf_counter()
-        result = pipe.generate(prompt, settings)
-        total = time.perf_counter() - t0
-        s = result.stats
-        turns.append(
-            Turn(
-                i + 1,
-                s.prompt_tokens,
-                s.reused_prompt_tokens,
-                s.first_token_s,
-                s.new_tokens,
-                s.decode_s,
-                total,
-                s.target_passes,
-                digest(result.text),
+    conv.turns.append(turn)
+    conv.answers.append(result.text)
+    conv.messages.append({"role": "assistant", "content": result.text})
+
+
+def run_specx_modes(
+    artifact: Path,
+    threads: int | None,
+    sessions: dict[str, Any],
+    drafters: tuple[str, ...] | None,
+    max_k: int,
+    progress: Progress,
+) -> dict[str, Any]:
+    """Every specx mode on every session, interleaved turn by turn (each turn's modes in an
+    order turning by one), so that a noisy machine's drift hits every mode alike. Reuse off
+    runs on a pipeline of its own; the others share one, each mode in a cache scope of its own,
+    and each session starts with nothing learned."""
+    pipes = {
+        False: Pipeline.load(artifact, threads=threads, prefix=PrefixConfig(reuse=False)),
+        True: Pipeline.load(artifact, threads=threads),
+    }
+    modes = specx_modes(pipes[True], drafters)
+    out: dict[str, Any] = {mode["name"]: {} for mode in modes}
+    for sname, session in sessions.items():
+        for pipe in pipes.values():
+            pipe.forget_policies()
+        convs = []
+        for mode in modes:
+            settings = GenerationSettings(
+                max_new_tokens=int(session["max_new_tokens"]),
+                k=0 if mode["drafter"] == NO_DRAFTER else "auto",
+                max_k=max_k,
+                drafter=mode["drafter"],
+                cache_scope=f"{mode['name']}/{sname}",
             )
-        )
-        answers.append(result.text)
-        messages.append({"role": "assistant", "content": result.text})
-    return turns, answers
+            system = [{"role": "system", "content": session["system"]}]
+            convs.append(Conversation(mode, settings, system))
+        for i, text in enumerate(session["turns"]):
+            shift = i % len(convs)
+            for conv in convs[shift:] + convs[:shift]:
+                progress(f"{sname} turn {i + 1}: {conv.mode['name']}")
+                specx_turn(pipes[conv.mode["reuse"]], conv, text)
+        for conv in convs:
+            out[conv.mode["name"]][sname] = {
+                "turns": [asdict(t) for t in conv.turns],
+                "answers": conv.answers,
+            }
+    return out
 
 
 def run_llama_session(
@@ -256,8 +296,6 @@ def run_session_bench(
     if unknown:
         raise InputError(f"unknown session(s) {unknown}", f"choose from {sorted(available)}")
     sessions = {n: available[n] for n in names}
-    pipe = Pipeline.load(artifact, threads=threads)
-    modes = specx_modes(pipe, drafters)
     results: dict[str, Any] = {
         "machine": machine_info(),
         "artifact": str(artifact),
@@ -265,21 +303,12 @@ def run_session_bench(
             n: {"max_new_tokens": s["max_new_tokens"], "turns": len(s["turns"])}
             for n, s in sessions.items()
         },
-        "modes": {},
     }
-    for mode in modes:
-        results["modes"][mode["name"]] = {}
-        for sname, session in sessions.items():
-            progress(f"{mode['name']}: {sname}")
-            scope = f"{mode['name']}/{sname}"
-            turns, answers = run_specx_session(pipe, session, mode, scope, max_k)
-            results["modes"][mode["name"]][sname] = {
-                "turns": [asdict(t) for t in turns],
-                "answers": answers,
-            }
+    results["modes"] = run_specx_modes(artifact, threads, sessions, drafters, max_k, progress)
     if "llama.cpp" in peers:
+        codec = Pipeline.load(artifact, threads=threads)  # the same template and tokenizer
         results["llama.cpp"] = run_llama_modes(
-            pipe, sessions, llama_server, threads or os.cpu_count() or 1, progress
+            codec, sessions, llama_server, threads or os.cpu_count() or 1, progress
         )
     return results
 

@@ -104,8 +104,8 @@ def test_a_qwen_conversation_on_the_specx_kernels_keeps_the_cold_bits(
     for before, result in itertools.pairwise(warm):
         kept = len(before.prompt_token_ids) + len(before.token_ids) - 3
         assert result.stats.reused_prompt_tokens >= kept
-    (workspace,) = warm_pipe._pool["suffix+draft"]
-    (other,) = cold_pipe._pool["suffix+draft"]
+    (workspace,) = warm_pipe.workspaces.idle("suffix+draft")
+    (other,) = cold_pipe.workspaces.idle("suffix+draft")
     n = min(workspace.cache.length, other.cache.length)
     kept_bits = [v.tobytes() for v in workspace.cache.read_positions(0, 0, n)]
     assert kept_bits == [v.tobytes() for v in other.cache.read_positions(0, 0, n)]

@@ -162,7 +162,7 @@ def test_the_warm_equals_cold_check_fails_when_a_kept_prefix_is_wrong(
     pipe = Pipeline.load(llama_pair.artifact)
     a = _turn_prompts(9)
     first = pipe.generate(next(a), max_new_tokens=12, k=0)
-    (workspace,) = pipe._pool["none"]
+    (workspace,) = pipe.workspaces.idle("none")
     for buffer in workspace.cache._buffers:
         buffer.to_host()[...] *= -3.0  # every kept key and value
     second = a.send(first)
@@ -264,7 +264,7 @@ def kernel_pair(tmp_path_factory: Any) -> Any:
 
 def _kept_bytes(pipe: Pipeline, drafter: str) -> list[bytes]:
     """The bytes of every position the idle workspace's target cache holds."""
-    (workspace,) = pipe._pool[drafter]
+    (workspace,) = pipe.workspaces.idle(drafter)
     cache = workspace.cache
     return [v.tobytes() for v in cache.read_positions(0, 0, cache.length)]
 
