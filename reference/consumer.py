@@ -2,7 +2,8 @@
 
 It imports nothing from specx: numpy, onnxruntime and tokenizers only, as a service in another
 language would use their equivalents. It runs the target alone, a model draft, a feature draft
-(EAGLE-style head reading the target's features), n-gram lookup and the hybrid, on gqa and plain
+(EAGLE-style head reading the target's features), n-gram lookup, suffix drafting over the
+context and the hybrids, on gqa and plain
 graphs, greedy or with drafter-invariant sampling, and reproduces
 specx's token ids (tests/runtime/test_reference_consumer.py checks that on every graph variant).
 When the format changes, this file and the document change in the same commit.
@@ -229,6 +230,60 @@ def ngram_continuation(context: list[int], eos: set[int]) -> list[int]:
     return []
 
 
+SUFFIX_DEPTH, SUFFIX_OCCURRENCES, SUFFIX_MIN_P = 64, 256, 0.1
+
+
+def suffix_continuation(context: list[int], eos: set[int]) -> list[int]:
+    """Suffix drafting over the context alone (a single generation has no earlier ones): the
+    longest suffix (up to SUFFIX_DEPTH) of the context ending before its last token, found by
+    its last 4, else 2, else 1 tokens among their SUFFIX_OCCURRENCES most recent occurrences;
+    then, over the occurrences of that longest match, the continuation seen most often (ties:
+    the most recent), while the product of its shares stays >= SUFFIX_MIN_P, at most as many
+    tokens as matched, cut after an EOS."""
+    n = len(context)
+    for anchor in (4, 2, 1):
+        if n < anchor:
+            continue
+        tail = context[n - anchor :]
+        ends = [p for p in range(anchor - 1, n - 1) if context[p - anchor + 1 : p + 1] == tail]
+        ends = ends[-SUFFIX_OCCURRENCES:]
+        if not ends:
+            continue
+        depth = min(SUFFIX_DEPTH, n)
+
+        def matched(end: int) -> int:
+            m = 0
+            while m < depth and end - m >= 0 and context[end - m] == context[n - 1 - m]:
+                m += 1
+            return m
+
+        lengths = [matched(e) for e in ends]
+        best = max(lengths)
+        if best < anchor:
+            continue
+        rows = [e for e, m in zip(ends, lengths, strict=True) if m == best][::-1]
+        out: list[int] = []
+        p = 1.0
+        for d in range(min(LOOKAHEAD, best)):
+            reached = len(rows)
+            nxt = [(r, context[r + 1 + d]) for r in rows if r + 1 + d < n]
+            if not nxt:
+                break
+            counts: dict[int, int] = {}
+            for _, t in nxt:
+                counts[t] = counts.get(t, 0) + 1
+            token = max(counts, key=lambda t: (counts[t], -[x for _, x in nxt].index(t)))
+            p *= counts[token] / reached
+            if p < SUFFIX_MIN_P:
+                break
+            out.append(token)
+            rows = [r for r, t in nxt if t == token]
+            if token in eos:
+                break
+        return out
+    return []
+
+
 def generate(
     folder: Path,
     prompt: list[int],
@@ -243,8 +298,11 @@ def generate(
     capacity = manifest["max_length"]
     eos = set(manifest["special_tokens"]["eos_token_ids"])
     target = Model(folder, manifest["target"], capacity)
-    lookup = drafter == "ngram" or drafter.startswith("ngram+")
-    draft_name = drafter.removeprefix("ngram+") if drafter not in ("ngram", "none") else None
+    kind = drafter.split("+")[0] if drafter.split("+")[0] in ("ngram", "suffix") else ""
+    lookup = bool(kind)
+    find = suffix_continuation if kind == "suffix" else ngram_continuation
+    inner = drafter.removeprefix(kind + "+") if kind else drafter
+    draft_name = None if inner in ("ngram", "suffix", "none") else inner
     draft = None
     if draft_name is not None:
         spec = next(d for d in manifest["drafts"] if d.get("name", d["role"]) == draft_name)
@@ -265,7 +323,7 @@ def generate(
     while max_new - len(out) > 0 and capacity - target.n - 1 >= 0:
         k = min(k_max, capacity - target.n - 1, max_new - len(out) - 1)
         proposal: list[int] = []
-        continuation = ngram_continuation(context, eos) if lookup and k > 0 else []
+        continuation = find(context, eos) if lookup and k > 0 else []
         use_lookup = lookup and (len(continuation) >= HYBRID_MIN_MATCH or draft is None)
         fed = 0  # drafted tokens fed to the draft model in this step
         if k > 0 and use_lookup:

@@ -62,7 +62,9 @@ def same_as_specx(pair: TinyPair, drafter: str, k: int, sampling: dict[str, Any]
     rng = np.random.default_rng(len(drafter) + k)
     for length in (1, 6):
         prompt = rng.integers(3, 300, size=length).tolist()
-        options: dict[str, Any] = dict(max_new_tokens=40, k=k, drafter=drafter)
+        # no cache scope: suffix drafting reads the context alone (no earlier generations),
+        # as the consumer, which runs one generation, does
+        options: dict[str, Any] = dict(max_new_tokens=40, k=k, drafter=drafter, cache_scope=None)
         if sampling:
             options.update(sampling)
         want = pipe.generate(prompt, **options)
@@ -79,7 +81,16 @@ SAMPLING = {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "min_p": 0.0, "seed"
     ["llama_pair", "llama_plain_pair", "gpt2_pair", "gpt2_gqa_pair", "qwen2_padded_pair"],
 )
 @pytest.mark.parametrize(
-    ("drafter", "k"), [("none", 0), ("mixed", 3), ("ngram", 4), ("ngram+mixed", 2), ("self", 5)]
+    ("drafter", "k"),
+    [
+        ("none", 0),
+        ("mixed", 3),
+        ("ngram", 4),
+        ("ngram+mixed", 2),
+        ("suffix", 5),
+        ("suffix+mixed", 3),
+        ("self", 5),
+    ],
 )
 def test_the_reference_consumer_reproduces_specx_greedy(
     request: pytest.FixtureRequest, pair_name: str, drafter: str, k: int
