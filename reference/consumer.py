@@ -233,6 +233,14 @@ def ngram_continuation(context: list[int], eos: set[int]) -> list[int]:
 SUFFIX_DEPTH, SUFFIX_OCCURRENCES, SUFFIX_MIN_P = 64, 256, 0.1
 
 
+def suffix_match(context: list[int], end: int, depth: int) -> int:
+    """How many tokens before and at `end` equal the context's last ones (at most depth)."""
+    n, m = len(context), 0
+    while m < depth and end - m >= 0 and context[end - m] == context[n - 1 - m]:
+        m += 1
+    return m
+
+
 def suffix_continuation(context: list[int], eos: set[int]) -> list[int]:
     """Suffix drafting over the context alone (a single generation has no earlier ones): the
     longest suffix (up to SUFFIX_DEPTH) of the context ending before its last token, found by
@@ -249,15 +257,7 @@ def suffix_continuation(context: list[int], eos: set[int]) -> list[int]:
         ends = ends[-SUFFIX_OCCURRENCES:]
         if not ends:
             continue
-        depth = min(SUFFIX_DEPTH, n)
-
-        def matched(end: int) -> int:
-            m = 0
-            while m < depth and end - m >= 0 and context[end - m] == context[n - 1 - m]:
-                m += 1
-            return m
-
-        lengths = [matched(e) for e in ends]
+        lengths = [suffix_match(context, e, min(SUFFIX_DEPTH, n)) for e in ends]
         best = max(lengths)
         if best < anchor:
             continue
