@@ -37,8 +37,9 @@ def concurrency_modes(drafter: str, ks: tuple[int, ...], auto: bool) -> list[dic
 
 
 def _settings(mode: dict[str, Any], max_new: int, max_k: int) -> GenerationSettings:
+    # cold: every mode runs the same prompts back to back (see runner._generate)
     return GenerationSettings(
-        max_new_tokens=max_new, k=mode["k"], drafter=mode["drafter"], max_k=max_k
+        max_new_tokens=max_new, k=mode["k"], drafter=mode["drafter"], max_k=max_k, cache_scope=None
     )
 
 

@@ -189,6 +189,7 @@ class RunRecord:
     # the generated ids' digest: two runs (before and after a change, say) made the same tokens
     # iff their digests agree (scripts/diagnostics/same_tokens.py compares reports)
     token_digest: str = ""
+    cached_tokens: int = 0  # prompt tokens kept from an earlier run: 0, runs are cold
 
     @staticmethod
     def of(workload: str, config: str, repeat: int, prompt: int, result: Any) -> RunRecord:
@@ -204,6 +205,7 @@ class RunRecord:
             stats.to_json(),
             stats.target_passes,
             token_digest(result.token_ids),
+            stats.reused_prompt_tokens,
         )
 
 
@@ -224,12 +226,16 @@ def _config_runs(pipe: Pipeline, cfg: BenchConfig, drafters: list[str]) -> list[
 def _generate(
     pipe: Pipeline, prompt: np.ndarray, run: dict[str, Any], max_new: int, sampling: SamplingParams
 ) -> Any:
+    # cold and independent: every configuration and repeat runs the same prompts, so a kept
+    # prefix would make later runs' prompts free and a suffix history would draft from the
+    # earlier runs' answers (conversations are `specx bench --sessions`' work)
     settings = GenerationSettings(
         max_new_tokens=max_new,
         k=run["k"],
         drafter=run["drafter"],
         max_k=run.get("max_k", 8),
         sampling=sampling,
+        cache_scope=None,
     )
     return pipe.generate(prompt, settings)
 

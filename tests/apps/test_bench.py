@@ -215,3 +215,24 @@ def test_the_genai_peer_says_why_it_is_skipped(
         (two / folder / "genai_config.json").write_text("{}")
     given = BenchConfig(artifact=tmp_path, genai_python=str(python), genai_models=str(two))
     assert "expected one built target-*" in peer.genai_peer(given, "t", prompts, print)["skipped"]
+
+
+def test_single_turn_runs_are_cold_no_prefix_or_suffix_history_carries_between_repeats(
+    llama_pair: TinyPair, tmp_path: Path
+) -> None:
+    # every configuration and repeat runs the same prompt: a kept prefix or the suffix
+    # drafter's history of the earlier answers would make later runs look faster
+    out = tmp_path / "bench"
+    args = ["bench", str(llama_pair.artifact), "--workloads", "code", "--drafters", "suffix"]
+    args += ["--k", "4", "--no-auto", "--prompts", "1", "--repeats", "3", "-n", "24"]
+    args += ["--temperatures", "", "--peers", "", "-o", str(out)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    records = json.loads((out / "results.json").read_text())["greedy_records"]
+    assert {r["config"] for r in records} == {"target", "suffix K=4"}
+    assert all(r["cached_tokens"] == 0 for r in records)
+    for config in ("target", "suffix K=4"):
+        runs = [r for r in records if r["config"] == config]
+        assert len(runs) == 3
+        assert len({r["target_passes"] for r in runs}) == 1, runs
+        assert len({r["token_digest"] for r in runs}) == 1
