@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from specx.exporter.weights.load import locate
 from specx.runtime.drafters import registry
 from specx.runtime.drafters.registry import DrafterKind
 from specx.runtime.errors import ExportError
@@ -140,3 +141,38 @@ def default_drafter(entries: list[DraftEntry]) -> str | None:
         return None
     first = entries[0]
     return first.lookup + first.name
+
+
+def check_sources(target: str, entries: Sequence[DraftEntry]) -> None:
+    """Every model source of the export is found before any work starts (a file, a folder with
+    a config.json, a hub id's shape), with the loader's own messages: a misspelled draft fails
+    at once, not after minutes spent on the target. A hub id's config is read here too."""
+    from specx.exporter.planning.profile import read_config
+
+    models = [(target, "--target")]
+    models += [
+        (e.source, f"--draft {e.lookup}{e.source}" if e.lookup else "--draft")
+        for e in entries
+        if _is_model(e)
+    ]
+    for source, flag in models:
+        named = next((e for e in entries if e.name == source and e.source != source), None)
+        if named is not None and not Path(source).exists():
+            prefixes = " and ".join(f"{p}{named.name}" for p in registry.PREFIXES)
+            raise ExportError(
+                f"--draft {source!r} is the name of the draft {named.source}, not a model source",
+                f"every exported draft also runs as {prefixes} (specx run --draft "
+                f"{registry.PREFIXES[0]}{named.name}); to make that the artifact's default, give "
+                f"it first as --draft {registry.PREFIXES[0]}{named.source}",
+            )
+        try:
+            locate(source, lambda _line: None)  # the loader says it again, when it loads
+        except ExportError as e:
+            raise ExportError(f"{flag}: {e.message}", e.hint) from e
+        if not Path(source).expanduser().exists():  # a hub id: its config, now
+            read_config(source)
+
+
+def _is_model(entry: DraftEntry) -> bool:
+    """Whether the entry's source is a model the export reads (not a keyword or the target)."""
+    return entry.kind.export in (registry.EXPORT_MODEL, registry.EXPORT_HEAD)

@@ -18,7 +18,7 @@ import numpy as np
 
 from specx.exporter.checks.parity import check_batch_parity, check_graph
 from specx.exporter.draft_recipes import DraftContext, export_draft
-from specx.exporter.drafts import DraftEntry, default_drafter, resolve_drafts
+from specx.exporter.drafts import DraftEntry, check_sources, default_drafter, resolve_drafts
 from specx.exporter.graph.trace import GraphRecipe, export_graph
 from specx.exporter.heads.feature_head import HeadCheckpoint, read_head
 from specx.exporter.options import (
@@ -89,8 +89,9 @@ def export_pair(
     options = dataclasses.replace(options, attention=resolve_attention(options, profile))
     _check_engines(options, profile)
     entries = resolve_drafts(drafts, target)
-    options = _check_drafts(target, entries, options, profile, log)
-    with parsed_once():  # the preflight and the export read each GGUF file's header once
+    with parsed_once():  # the checks, the preflight and the export read each GGUF header once
+        check_sources(target, entries)
+        options = _check_drafts(target, entries, options, profile, log)
         _preflight(output, target, entries, options, profile, log)
         with StagedFolder(output, log) as staged:
             manifest = _export_into(

@@ -52,7 +52,7 @@ def _config_errors() -> tuple[type[BaseException], ...]:
 CONFIG_ERRORS = _config_errors()
 
 
-def _locate(source: str, log: Log) -> tuple[str, dict[str, Any]]:
+def locate(source: str, log: Log) -> tuple[str, dict[str, Any]]:
     """(folder or hub id, from_pretrained keyword arguments) of `source`; refuses what is not
     a model."""
     path = Path(source).expanduser()
@@ -118,7 +118,7 @@ def load_source(source: str, log: Log) -> SourceModel:
     from transformers import AutoModelForCausalLM
 
     t0 = time.perf_counter()
-    folder, kwargs = _locate(source, log)
+    folder, kwargs = locate(source, log)
     if kwargs:
         log(f"  reading {kwargs['gguf_file']} (GGUF weights are dequantized to float32)")
     _config(folder, kwargs, source)
@@ -148,7 +148,7 @@ def open_source(source: str, log: Log) -> SourceModel:
     from specx.exporter.weights.sources import meta_model, open_weights, stream_weights
 
     t0 = time.perf_counter()
-    folder, kwargs = _locate(source, log)
+    folder, kwargs = locate(source, log)
     with parsed_once() if kwargs else contextlib.nullcontext():  # a .gguf: parsed once
         config = _config(folder, kwargs, source)
         tokenizer = _tokenizer(folder, kwargs, source)

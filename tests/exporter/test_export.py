@@ -192,6 +192,38 @@ def test_bad_source_paths_get_a_clear_error(tmp_path: Path, source: str, message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty-folder", "file.txt"]
 
 
+@pytest.mark.parametrize(
+    ("drafts", "message"),
+    [
+        (["{draft}", "ngram+draft"], r"--draft 'draft' is the name of the draft .*/d, not a"),
+        (["{draft}", "missing-draft.gguf"], r"--draft: .*missing-draft.gguf does not exist"),
+        (["int8", "suffix+no-such-folder"], r"--draft suffix\+no-such-folder: .* does not exist"),
+        (["{draft}", "{empty}"], "holds no config.json"),
+    ],
+)
+def test_every_draft_source_is_checked_before_the_targets_export_starts(
+    tmp_path: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch, drafts: list[str], message: str
+) -> None:
+    import specx.exporter.export as exporter
+    from specx.exporter import ExportOptions, export_pair
+
+    target = _save_tiny(tokenizer, tmp_path / "t")
+    places = {"draft": _save_tiny(tokenizer, tmp_path / "d"), "empty": str(tmp_path / "empty")}
+    (tmp_path / "empty").mkdir()
+    drafts = [d.format(**places) if "{" in d else d for d in drafts]
+    drafts = [str(tmp_path / d) if d.endswith(".gguf") else d for d in drafts]
+
+    def no_work(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the export started")
+
+    monkeypatch.setattr(exporter, "_preflight", no_work)
+    monkeypatch.setattr(exporter, "_export_into", no_work)
+    lines: list[str] = []
+    with pytest.raises(ExportError, match=message):
+        export_pair(target, drafts, tmp_path / "out", ExportOptions(max_length=64), lines.append)
+    assert not (tmp_path / "out").exists() and not lines
+
+
 def test_an_existing_output_is_refused_without_force_and_replaced_with_it(
     tmp_path: Path, tokenizer: Any
 ) -> None:

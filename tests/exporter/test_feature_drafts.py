@@ -79,7 +79,7 @@ def test_a_head_checkpoint_exports_as_a_feature_draft_that_the_manifest_describe
     assert manifest.target.feature_size == len(spec.head.feature_layers) * 64
     assert manifest.target.parity["max_feature_diff"] < 1e-3  # vs transformers' hidden states
     assert spec.parity["passed"] and spec.parity["max_abs_logit_diff"] <= spec.parity["tolerance"]
-    assert pipe.drafter_names == ["eagle", "ngram", "ngram+eagle", "none"]
+    assert pipe.drafter_names == ["eagle", "ngram", "suffix", "ngram+eagle", "suffix+eagle", "none"]
     assert manifest.format_version == 2  # a version-1 reader would run the head as a model
 
 

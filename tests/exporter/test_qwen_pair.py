@@ -112,8 +112,8 @@ def test_greedy_speculation_on_the_int4_pair_equals_its_target_alone_up_to_near_
         prompt_ids = pipe.encode_prompt(prompt, chat=True)
         for k in (4, "auto"):
             spec = pipe.generate(prompt, chat=True, max_new_tokens=48, k=k, drafter="draft")
-            if k == "auto":  # it drafts less where verify passes cost more (adaptive)
-                assert spec.stats.accepted > 0
+            if k == "auto":  # it may settle at K = 0 where verify passes cost too much
+                assert spec.stats.proposed == 0 or spec.stats.accepted > 0  # drafts are used
             else:
                 assert spec.stats.new_tokens / spec.stats.target_passes > 1.5
             if spec.token_ids == alone.token_ids:

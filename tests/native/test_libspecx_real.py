@@ -34,8 +34,13 @@ def assert_same_as_python(
             for name, k in runs:
                 got = model.generate(prompt, new_tokens, k, name, **sampling)
                 py_k = "auto" if k == K_AUTO else k
-                want = pipeline.generate(
-                    prompt, k=py_k, drafter=name, max_new_tokens=new_tokens, **sampling
+                want = pipeline.generate(  # cold, as the C generation in a context of its own
+                    prompt,
+                    k=py_k,
+                    drafter=name,
+                    max_new_tokens=new_tokens,
+                    cache_scope=None,
+                    **sampling,
                 )
                 where = f"{name}, K={py_k}: {text!r}"
                 assert got.tokens == want.token_ids, where
