@@ -24,7 +24,8 @@ Never losing to the target alone. Before anything is measured the costs are not 
 verify pass's extra row costs what a prompt pass paid per token (observe_prefill: an upper bound
 on CPUs, where extra rows are compute), and a draft model's pass what its size predicts relative
 to the target's (draft_ratio). A model draft is not asked at a generation's first step when it
-reads the prompt lazily (lazy_draft: the first token is not delayed by the draft's prefill). Where
+reads the prompt lazily (lazy_draft: the first token is not delayed by the draft's prefill), and
+not given up on its acceptance before MIN_JUDGED of its first positions were judged. Where
 even drafts that are always accepted could not beat K = 0 at the measured costs, the policy no
 longer probes; otherwise a probe comes no more often than its measured extra cost allows within
 PROBE_BUDGET of the time spent at K = 0 since the last one.
@@ -73,6 +74,7 @@ class SourceEstimate:
     probe_after: int = 0
     probing: bool = False  # the last step of this source was a probe
     probe_cost_s: float = 0.0  # the last probe's seconds beyond a one-token pass
+    judged: int = 0  # proposals whose first position was judged, in all generations (no decay)
 
     def __post_init__(self) -> None:
         self.reached += [0.0] * (self.max_k - len(self.reached))
@@ -104,6 +106,7 @@ class SourceEstimate:
             self.probe_after,
             False,
             self.probe_cost_s,
+            self.judged,  # what was seen stays seen: a later generation need not judge it again
         )
 
     def accept_given_confidence(self, top: float, prior_weight: float) -> float:
@@ -124,6 +127,10 @@ class AdaptiveK:
     # keep a model draft at K = 1 while it is expected within this share of K = 0's rate (an idle
     # draft model must catch up when it drafts again); a lookup has nothing to catch up
     HOLD = 0.98
+    # a model draft is not given up on its acceptance before this many of its proposals were
+    # judged (in all generations): two unlucky first steps would otherwise stop a draft that
+    # pays, for good, since an idle draft falls behind and its catch-up then rules probes out
+    MIN_JUDGED = 6
 
     def __init__(
         self,
@@ -325,6 +332,10 @@ class AdaptiveK:
             k = max(range(self.max_k + 1), key=rates.__getitem__)
             if k == 0 and source == MODEL and rates[1] >= self.HOLD * rates[0]:
                 k = 1  # hysteresis: leaving the drafter idle makes it catch up later
+            elif (
+                k == 0 and source == MODEL and est.judged < self.MIN_JUDGED and self.can_pay(source)
+            ):  # too little seen to give up: the best K above 0
+                k = max(range(1, self.max_k + 1), key=rates.__getitem__)
             if est.steps % self.explore_every == 0 and k > 0:
                 k = min(self.max_k, k + 1)  # look one further: is the next position worth it?
             if k > 0 and est.confidence_seen and self.token_s is not None:
@@ -409,6 +420,7 @@ class AdaptiveK:
             est.probe_cost_s = step.draft_s + step.verify_s - self.verify_s(1)
         est.zero_streak = 0
         verified = min(step.proposed, step.accepted + 1)  # positions the target judged
+        est.judged += 1
         for i in range(verified):
             est.reached[i] = d * est.reached[i] + 1.0
             est.accepted[i] = d * est.accepted[i] + (1.0 if i < step.accepted else 0.0)

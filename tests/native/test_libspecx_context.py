@@ -107,6 +107,8 @@ def script(seed: int, steps: int = 400) -> list[str]:
     inheriting from the one before, prompts read, drafting plans asked."""
     rng = np.random.default_rng(seed)
     lines = ["new 8", "ratio 0.2", "lazy 1", f"prefill 40 {0.005 * 40 * rng.uniform(0.8, 1.2)!r}"]
+    for _ in range(3):  # a dear draft model's first proposals all rejected (MIN_JUDGED's case)
+        lines += ["decide model 1 150", f"observe model|{[0.5] * 8!r}|0.0|1.0|5.0"]
     for step in range(steps):
         if step and step % 90 == 0:
             lines += ["inherit", "ratio 0.2", "lazy 1", f"prefill 25 {rng.uniform(0.1, 0.2)!r}"]
@@ -164,13 +166,14 @@ def run_python(lines: list[str]) -> list[str]:
 
 
 def observed(rest: str, k: int) -> StepResult:
-    head, tops_text, u, noise = rest.split("|")
+    head, tops_text, u, noise, *dear = rest.split("|")  # dear: the draft's cost, times
     source = head.split()[0]
     tops = [float(t) for t in tops_text.strip("[]").split(",")]
     proposed = k
     accepted = int(float(u) * (proposed + 1)) if proposed else 0
     model = source == "model"
-    draft = (0.004 * proposed * float(noise) + (0.002 if model else 0.0)) if proposed else 0.0
+    per_token = 0.004 * float(noise) * (float(dear[0]) if dear else 1.0)
+    draft = (per_token * proposed + (0.002 if model else 0.0)) if proposed else 0.0
     verify = 0.03 * float(noise) + 0.003 * proposed
     catchup = 1 if model and proposed else 0
     hit = None

@@ -84,8 +84,10 @@ def test_adaptive_k_probes_half_as_often_after_each_probe_that_fails_and_resets_
         k = policy.decide(MODEL).k
         ks.append(k)
         policy.observe(step(k, 0, draft_s=0.02, verify_s=0.03))  # nothing is ever accepted
-    probes = [i for i, k in enumerate(ks) if k > 0]
-    gaps = [b - a - 1 for a, b in itertools.pairwise(probes)]
+    settled = ks.index(0)  # the first positions judged (MIN_JUDGED) before giving up
+    assert settled <= 8, ks
+    probes = [i for i, k in enumerate(ks) if k > 0 and i > settled]
+    gaps = [b - a - 1 for a, b in itertools.pairwise([settled - 1, *probes])]
     assert gaps[:4] == [4, 8, 16, 16], ks  # K = 0 steps between probes: doubling, at most 16
     assert set(gaps[4:]) == {16}
     # a drafter that starts to agree: a probe that pays brings K back and the short gap with it
@@ -94,6 +96,33 @@ def test_adaptive_k_probes_half_as_often_after_each_probe_that_fails_and_resets_
         policy.observe(step(k, k, draft_s=0.002, verify_s=0.03))
     assert policy.decide(MODEL).k > 0
     assert policy.sources[MODEL].probe_after == policy.probe_every
+
+
+def test_two_unlucky_first_steps_do_not_stop_a_model_draft_that_pays() -> None:
+    """A draft that costs half a target pass a token (a small pair on a CPU): its first three
+    proposals are rejected, every later one accepted whole. A policy that gave up after three
+    would leave the draft idle for good (its catch-up then rules out probes)."""
+    policy = AdaptiveK(max_k=4)
+    policy.draft_ratio = 0.3
+    policy.observe_prefill(100, 0.1)  # an extra verify row priced at a prompt token: 1 ms
+    ks = []
+    for i in range(40):
+        k = policy.decide(MODEL).k
+        ks.append(k)
+        accepted = 0 if i < 3 else k
+        policy.observe(step(k, accepted, draft_s=0.01, verify_s=0.02 + 0.0008 * k))
+    assert all(ks[3:8]), ks  # still drafting while few positions were judged
+    assert ks[-1] == 4 and ks[8:].count(0) <= 2, ks
+    # the negative control: a draft that is never accepted is given up once enough was judged
+    never = AdaptiveK(max_k=4)
+    never.draft_ratio = 0.3
+    never.observe_prefill(100, 0.1)
+    ks = []
+    for _ in range(40):
+        k = never.decide(MODEL).k
+        ks.append(k)
+        never.observe(step(k, 0, draft_s=0.01, verify_s=0.02 + 0.0008 * k))
+    assert ks[10:].count(0) >= 25, ks
 
 
 def test_adaptive_k_prefers_small_k_for_an_expensive_draft() -> None:

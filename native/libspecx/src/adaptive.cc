@@ -10,6 +10,7 @@ namespace {
 constexpr int kProbeMost = 1024;  // the longest run of K = 0 steps between probes
 constexpr double kProbeBudget = 0.02;  // probes' share of the time spent at K = 0
 constexpr double kHold = 0.98;  // keep a model at K = 1 within this share of K = 0's rate
+constexpr int kMinJudged = 6;  // a model draft's proposals judged before giving it up
 const double kConfidenceEdges[] = {0.3, 0.5, 0.7, 0.9, 0.97};
 const double kConfidencePrior[] = {0.35, 0.6, 0.8, 0.9, 0.95, 0.98};
 
@@ -56,6 +57,7 @@ SourceEstimate SourceEstimate::scaled(int k, double keep) const {
   out.zero_streak = zero_streak;  // the probes' rhythm goes on: short generations still probe
   out.probe_after = probe_after;
   out.probe_cost_s = probe_cost_s;
+  out.judged = judged;  // what was seen stays seen
   return out;
 }
 
@@ -209,7 +211,11 @@ int AdaptiveK::choose_k(const std::string& source, int64_t behind, int64_t left)
   } else {
     const std::vector<double> rates = expected_rates(source, behind, left);
     k = int(std::max_element(rates.begin(), rates.end()) - rates.begin());  // the first best
-    if (k == 0 && source == "model" && rates[1] >= kHold * rates[0]) k = 1;  // catch-up later
+    if (k == 0 && source == "model" && rates[1] >= kHold * rates[0]) {
+      k = 1;  // catch-up later
+    } else if (k == 0 && source == "model" && est.judged < kMinJudged && can_pay(source)) {
+      k = int(std::max_element(rates.begin() + 1, rates.end()) - rates.begin());  // seen too little
+    }
     if (est.steps % explore_every_ == 0 && k > 0) k = std::min(max_k_, k + 1);
     if (k > 0 && est.confidence_seen && has_token_s_) k = max_k_;  // the plan decides
     if (est.probing) {
@@ -257,6 +263,7 @@ void AdaptiveK::observe(const StepResult& step) {
   if (est.probing) est.probe_cost_s = step.draft_s + step.verify_s - verify_s(1);
   est.zero_streak = 0;
   const int verified = std::min(step.proposed, step.accepted + 1);  // positions judged
+  ++est.judged;
   for (int i = 0; i < verified; ++i) {
     est.reached[size_t(i)] = d * est.reached[size_t(i)] + 1.0;
     est.accepted[size_t(i)] = d * est.accepted[size_t(i)] + (i < step.accepted ? 1.0 : 0.0);

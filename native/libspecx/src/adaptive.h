@@ -50,6 +50,7 @@ struct SourceEstimate {
   int steps = 0, zero_streak = 0, probe_after = 0;
   bool probing = false;
   double probe_cost_s = 0.0;  // the last probe's seconds beyond a one-token pass
+  int judged = 0;  // proposals whose first position was judged, in all generations (no decay)
 };
 
 class AdaptiveK {
