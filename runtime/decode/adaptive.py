@@ -28,7 +28,9 @@ reads the prompt lazily (lazy_draft: the first token is not delayed by the draft
 not given up on its acceptance before MIN_JUDGED of its first positions were judged. Where
 even drafts that are always accepted could not beat K = 0 at the measured costs, the policy no
 longer probes; otherwise a probe comes no more often than its measured extra cost allows within
-PROBE_BUDGET of the time spent at K = 0 since the last one.
+PROBE_BUDGET of the time spent at K = 0 since the last one. A later generation starts from what
+the earlier ones learned (inherit), its acceptances shrunk toward where they were left rather
+than toward the fixed prior, so that generations that draft nothing do not unlearn them.
 """
 
 from __future__ import annotations
@@ -75,6 +77,10 @@ class SourceEstimate:
     probing: bool = False  # the last step of this source was a probe
     probe_cost_s: float = 0.0  # the last probe's seconds beyond a one-token pass
     judged: int = 0  # proposals whose first position was judged, in all generations (no decay)
+    # [max_k] where an earlier generation left the acceptances: this one's shrinks toward them
+    # (empty: toward prior_accept). Halved counts alone would drift back to the fixed prior over
+    # generations that do not draft, and a draft that pays would be talked out of it for good.
+    anchor: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.reached += [0.0] * (self.max_k - len(self.reached))
@@ -107,6 +113,7 @@ class SourceEstimate:
             False,
             self.probe_cost_s,
             self.judged,  # what was seen stays seen: a later generation need not judge it again
+            self.anchor[:max_k],
         )
 
     def accept_given_confidence(self, top: float, prior_weight: float) -> float:
@@ -172,9 +179,10 @@ class AdaptiveK:
         """Start from what an earlier generation with the same drafter learned (its counts
         weighted by `keep`): a pipeline's later requests need no warm-up, and a few unlucky
         first steps cannot talk the policy out of drafting."""
-        self.sources = {
-            name: est.scaled(self.max_k, keep) for name, est in previous.sources.items()
-        }
+        self.sources = {}
+        for name, est in previous.sources.items():
+            self.sources[name] = est.scaled(self.max_k, keep)
+            self.sources[name].anchor = previous.acceptances(name)[: self.max_k]
         self._fit = [keep * x for x in previous._fit]
         self.token_s = previous.token_s
         self.row_s = previous.row_s
@@ -186,11 +194,13 @@ class AdaptiveK:
 
         Each position's estimate is shrunk toward the previous position's (and the first toward
         `prior_accept`), so that positions rarely reached borrow what is known: acceptance given
-        a run of accepted tokens is seldom lower than before it."""
+        a run of accepted tokens is seldom lower than before it. A generation that inherited an
+        estimate shrinks toward where the earlier one left each position instead."""
         est = self._estimate(source)
         p, out = self.prior_accept, []
-        for reached, accepted in zip(est.reached, est.accepted, strict=True):
-            p = (accepted + self.prior_weight * p) / (reached + self.prior_weight)
+        for i, (reached, accepted) in enumerate(zip(est.reached, est.accepted, strict=True)):
+            toward = est.anchor[i] if i < len(est.anchor) else p
+            p = (accepted + self.prior_weight * toward) / (reached + self.prior_weight)
             out.append(p)
         return out
 
@@ -324,7 +334,7 @@ class AdaptiveK:
             k = 0  # what an extra row costs is known, a pass is not: one plain step measures it
         elif est.steps == 0 and self.row_s is None:
             k = self.start_k  # nothing measured at all
-        elif self._probe_due(source, est, behind):
+        elif self._probe_due(source, est, behind, left):
             k = min(2, self.max_k)  # a probe: has the drafter started to agree again?
             est.probing = True
         else:
@@ -345,17 +355,19 @@ class AdaptiveK:
                 est.probe_after = self.probe_every if k else self._next_gap(est)
         return k
 
-    def _probe_due(self, source: str, est: SourceEstimate, behind: int = 0) -> bool:
+    def _probe_due(self, source: str, est: SourceEstimate, behind: int = 0, left: int = 0) -> bool:
         """Whether a run of K = 0 steps has lasted long enough for a probe. A lookup is never
         probed (its first position is learned at every step for free); nor is a source that
         could not pay even if every draft were accepted; and a draft model that must first read
-        what it missed waits until that catch-up fits PROBE_BUDGET of the time at K = 0."""
+        what it missed waits until that catch-up fits PROBE_BUDGET of the time at K = 0, so far
+        and still to come (`left` tokens): an idle draft falls a token further behind every step,
+        as fast as the budget of the steps so far grows, which alone would never allow a probe."""
         if is_lookup(source) or est.zero_streak < max(self.probe_every, est.probe_after):
             return False
         if not self.can_pay(source):
             return False
         catch = self.catchup_s(behind) if source == MODEL else 0.0
-        return catch <= self.PROBE_BUDGET * est.zero_streak * self.verify_s(1)
+        return catch <= self.PROBE_BUDGET * (est.zero_streak + left) * self.verify_s(1)
 
     def _next_gap(self, est: SourceEstimate) -> int:
         """The K = 0 steps before the next probe after one that changed nothing: twice the last

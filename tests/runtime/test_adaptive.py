@@ -281,6 +281,51 @@ def test_adaptive_k_inherits_what_an_earlier_generation_learned() -> None:
     assert warm.decide(MODEL).k == 6  # cheap, always-accepted drafts: the longest K from step one
 
 
+def test_generations_that_do_not_draft_keep_the_acceptance_learned_not_the_prior() -> None:
+    """Counts are weighted down at each new generation; the estimate must not drift back to the
+    fixed prior (0.6) across generations that draft nothing: a draft accepted 90% of the time
+    would be talked out of drafting for good, one accepted 20% talked back into it."""
+    for rate, low, high in ((0.9, 0.85, 1.0), (0.2, 0.0, 0.3)):
+        policy = AdaptiveK(max_k=4)
+        for i in range(40):
+            policy.observe(step(1, int((i * rate) % 1.0 + rate >= 1.0), verify_s=0.03))
+        learned = policy.acceptance(0)
+        assert low <= learned <= high, (rate, learned)
+        for _ in range(8):  # generations that only read their prompt
+            fresh = AdaptiveK(max_k=4)
+            fresh.inherit(policy)
+            policy = fresh
+        assert low <= policy.acceptance(0) <= high, (rate, policy.acceptance(0))
+    # the negative control: with the anchor dropped the estimate goes back to the prior
+    for est in policy.sources.values():
+        est.anchor = []
+    assert policy.acceptance(0) > 0.5
+
+
+def test_an_idle_draft_model_is_probed_where_the_generation_left_can_pay_its_catch_up() -> None:
+    """A lazy draft model falls one token further behind at every K = 0 step. Its catch-up grows
+    as fast as the probe budget of the time at K = 0, so a budget of the steps behind alone never
+    allows a probe; the tokens the generation can still make fund one (within 2% of them)."""
+
+    def probes(left: int) -> int:
+        policy = AdaptiveK(max_k=4)
+        policy.draft_ratio = 0.5
+        policy.observe_prefill(100, 0.1)  # a draft row: 0.5 ms, a target pass 20 ms
+        for _ in range(12):  # rejected drafts: the policy settles at K = 0
+            k = policy.decide(MODEL, True, 2, 500).k
+            policy.observe(step(k, 0, draft_s=0.01, verify_s=0.02 + 0.001 * k))
+        behind, count = 40, 0
+        for _ in range(200):
+            k = policy.decide(MODEL, True, behind, left).k
+            count += k > 0
+            behind = 2 if k else behind + 1
+            policy.observe(step(k, 0, draft_s=0.01, verify_s=0.02 + 0.001 * k))
+        return count
+
+    assert probes(left=1000) >= 2
+    assert probes(left=0) == 0  # the negative control: catch-up against the steps behind only
+
+
 def test_a_first_draft_that_also_reads_the_prompt_does_not_price_drafting_out() -> None:
     # a batch row's first model draft reads its whole prompt (45 tokens) in its first pass:
     # 3 drafts in 0.16 s, where a draft pass costs 0.02 s and the target's 0.04 s

@@ -58,6 +58,7 @@ SourceEstimate SourceEstimate::scaled(int k, double keep) const {
   out.probe_after = probe_after;
   out.probe_cost_s = probe_cost_s;
   out.judged = judged;  // what was seen stays seen
+  out.anchor.assign(anchor.begin(), anchor.begin() + std::min<std::ptrdiff_t>(k, std::ptrdiff_t(anchor.size())));
   return out;
 }
 
@@ -78,7 +79,14 @@ SourceEstimate& AdaptiveK::estimate(const std::string& source) {
 
 void AdaptiveK::inherit(const AdaptiveK& previous, double keep) {
   sources_.clear();
-  for (const auto& [name, est] : previous.sources_) sources_.emplace(name, est.scaled(max_k_, keep));
+  for (const auto& [name, est] : previous.sources_) {
+    SourceEstimate mine = est.scaled(max_k_, keep);
+    // this generation shrinks toward where the earlier one left each position
+    std::vector<double> left = previous.acceptances_of(est);
+    if (int(left.size()) > max_k_) left.resize(size_t(max_k_));
+    mine.anchor = left;
+    sources_.emplace(name, std::move(mine));
+  }
   for (size_t i = 0; i < fit_.size(); ++i) fit_[i] = keep * previous.fit_[i];
   has_token_s_ = previous.has_token_s_;
   token_s_ = previous.token_s_;
@@ -91,11 +99,15 @@ void AdaptiveK::inherit(const AdaptiveK& previous, double keep) {
 }
 
 std::vector<double> AdaptiveK::acceptances(const std::string& source) {
-  const SourceEstimate& est = estimate(source);
+  return acceptances_of(estimate(source));
+}
+
+std::vector<double> AdaptiveK::acceptances_of(const SourceEstimate& est) const {
   std::vector<double> out;
   double p = prior_accept_;
   for (size_t i = 0; i < est.reached.size(); ++i) {
-    p = (est.accepted[i] + prior_weight_ * p) / (est.reached[i] + prior_weight_);
+    const double toward = i < est.anchor.size() ? est.anchor[i] : p;
+    p = (est.accepted[i] + prior_weight_ * toward) / (est.reached[i] + prior_weight_);
     out.push_back(p);
   }
   return out;
@@ -143,11 +155,12 @@ bool AdaptiveK::can_pay(const std::string& source) {
   return false;
 }
 
-bool AdaptiveK::probe_due(const std::string& source, SourceEstimate& est, int64_t behind) {
+bool AdaptiveK::probe_due(const std::string& source, SourceEstimate& est, int64_t behind,
+                          int64_t left) {
   if (is_lookup(source) || est.zero_streak < std::max(probe_every_, est.probe_after)) return false;
   if (!can_pay(source)) return false;
   const double catch_s = source == "model" ? catchup_s(behind) : 0.0;
-  return catch_s <= kProbeBudget * est.zero_streak * verify_s(1);
+  return catch_s <= kProbeBudget * double(est.zero_streak + left) * verify_s(1);
 }
 
 int AdaptiveK::next_gap(const SourceEstimate& est) const {
@@ -205,7 +218,7 @@ int AdaptiveK::choose_k(const std::string& source, int64_t behind, int64_t left)
     k = 0;  // a row's cost is known, a pass's is not: one plain step measures it
   } else if (est.steps == 0 && !has_row_s_) {
     k = start_k_;  // nothing measured at all
-  } else if (probe_due(source, est, behind)) {
+  } else if (probe_due(source, est, behind, left)) {
     k = std::min(2, max_k_);  // a probe: has the drafter started to agree again?
     est.probing = true;
   } else {

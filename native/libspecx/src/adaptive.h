@@ -51,6 +51,7 @@ struct SourceEstimate {
   bool probing = false;
   double probe_cost_s = 0.0;  // the last probe's seconds beyond a one-token pass
   int judged = 0;  // proposals whose first position was judged, in all generations (no decay)
+  std::vector<double> anchor;  // where an earlier generation left the acceptances (may be empty)
 };
 
 class AdaptiveK {
@@ -72,13 +73,14 @@ class AdaptiveK {
  private:
   SourceEstimate& estimate(const std::string& source);
   std::vector<double> acceptances(const std::string& source);
+  std::vector<double> acceptances_of(const SourceEstimate& est) const;
   std::vector<double> expected_rates(const std::string& source, int64_t behind = 0, int64_t left = 0);
   double catchup_s(int64_t behind) const;
   double verify_line_s(int width) const;
   double verify_s(int width) const;
   bool fitted_slope(double& slope) const;
   double draft_cost(SourceEstimate& est, const std::string& source, int k) const;
-  bool probe_due(const std::string& source, SourceEstimate& est, int64_t behind);
+  bool probe_due(const std::string& source, SourceEstimate& est, int64_t behind, int64_t left);
   int next_gap(const SourceEstimate& est) const;
   int choose_k(const std::string& source, int64_t behind, int64_t left);
   DraftPlan plan(const std::string& source);
