@@ -138,6 +138,8 @@ class AdaptiveK:
     # judged (in all generations): two unlucky first steps would otherwise stop a draft that
     # pays, for good, since an idle draft falls behind and its catch-up then rules probes out
     MIN_JUDGED = 6
+    # a catch-up this long measures the draft's cost per token read (catchup_token_s)
+    CATCHUP_MEASURED = 16
 
     def __init__(
         self,
@@ -169,6 +171,9 @@ class AdaptiveK:
         # a draft model's one-token pass over the target's, assumed until a draft is measured
         self.draft_ratio: float | None = None
         self.lazy_draft = False  # the draft model reads the prompt only when first asked
+        # seconds a draft model took per token it caught up on, measured on a long catch-up
+        # (a draft's prompt pass costs more than its size says where its kernels are slower)
+        self.catchup_token_s: float | None = None
 
     def _estimate(self, source: str) -> SourceEstimate:
         if source not in self.sources:
@@ -186,6 +191,7 @@ class AdaptiveK:
         self._fit = [keep * x for x in previous._fit]
         self.token_s = previous.token_s
         self.row_s = previous.row_s
+        self.catchup_token_s = previous.catchup_token_s
         widths = [(keep * n, keep * t) for n, t in previous._by_width]
         self._by_width = (widths + [(0.0, 0.0)] * len(self._by_width))[: len(self._by_width)]
 
@@ -277,10 +283,15 @@ class AdaptiveK:
 
     def catchup_s(self, behind: int) -> float:
         """Reading `behind` committed tokens into a draft model before it proposes (beyond the
-        one or two every step reads, which its measured costs hold): a prompt pass of the
-        draft's size, draft_ratio times a target row's cost a token."""
+        one or two every step reads, which its measured costs hold): as a long catch-up was
+        measured to cost a token, else a prompt pass of the draft's size, draft_ratio times a
+        target row's cost a token."""
         extra = behind - 2
-        if extra <= 0 or self.row_s is None:
+        if extra <= 0:
+            return 0.0
+        if self.catchup_token_s is not None:
+            return extra * self.catchup_token_s
+        if self.row_s is None:
             return 0.0
         ratio = self.draft_ratio if self.draft_ratio is not None else 1.0
         return extra * ratio * self.row_s
@@ -468,6 +479,9 @@ class AdaptiveK:
         next to nothing for a lookup."""
         d = self.decay
         per_token = step.draft_s / step.proposed
+        if step.catchup >= self.CATCHUP_MEASURED:  # what reading a token costs, the passes aside
+            passes = step.proposed * est.draft_pass_s if est.draft_seen else 0.0
+            self.catchup_token_s = max(0.0, step.draft_s - passes) / step.catchup
         if step.catchup <= 2:
             weight = 0.3 if est.draft_seen else 1.0
             est.draft_pass_s = (1 - weight) * est.draft_pass_s + weight * per_token

@@ -119,7 +119,7 @@ def script(seed: int, steps: int = 400) -> list[str]:
         lines += [f"plan {i} {top!r}" for i, top in enumerate(tops[:3])]
         # the step's draw: its proposal is the K decided, the rest follows from these
         u, noise = rng.uniform(0, 1), rng.uniform(0.7, 1.3)
-        lines.append(f"observe {source}|{tops!r}|{u!r}|{noise!r}")
+        lines.append(f"observe {source}|{tops!r}|{u!r}|{noise!r}|1.0|{behind}")
     return lines
 
 
@@ -166,16 +166,19 @@ def run_python(lines: list[str]) -> list[str]:
 
 
 def observed(rest: str, k: int) -> StepResult:
-    head, tops_text, u, noise, *dear = rest.split("|")  # dear: the draft's cost, times
+    # dear: the draft's cost, times; behind: the committed tokens a model draft reads first
+    head, tops_text, u, noise, *extra = rest.split("|")
+    dear = float(extra[0]) if extra else 1.0
+    behind = int(extra[1]) if len(extra) > 1 else 1
     source = head.split()[0]
     tops = [float(t) for t in tops_text.strip("[]").split(",")]
     proposed = k
     accepted = int(float(u) * (proposed + 1)) if proposed else 0
     model = source == "model"
-    per_token = 0.004 * float(noise) * (float(dear[0]) if dear else 1.0)
-    draft = (per_token * proposed + (0.002 if model else 0.0)) if proposed else 0.0
+    per_token = 0.004 * float(noise) * dear
+    catchup = max(1, behind) if model and proposed else 0
+    draft = (per_token * proposed + 0.0015 * catchup * float(noise)) if proposed else 0.0
     verify = 0.03 * float(noise) + 0.003 * proposed
-    catchup = 1 if model and proposed else 0
     hit = None
     if not proposed and source.startswith("lookup"):
         hit = float(u) > 0.5

@@ -326,6 +326,29 @@ def test_an_idle_draft_model_is_probed_where_the_generation_left_can_pay_its_cat
     assert probes(left=0) == 0  # the negative control: catch-up against the steps behind only
 
 
+def test_a_long_catch_up_teaches_what_the_draft_pays_a_token_read() -> None:
+    """Before measuring, a draft's catch-up is priced by its size (draft_ratio of a prompt row);
+    an int8 draft reads its prompt at far more than a quarter of the target's cost. A catch-up
+    of 200 tokens that took 0.2 s (two draft passes of 5 ms each aside) prices the next one."""
+    policy = AdaptiveK(max_k=4)
+    policy.draft_ratio = 0.1
+    policy.observe_prefill(100, 0.1)  # a target row: 1 ms, so a draft row guessed at 0.1 ms
+    policy.observe(step(2, 2, draft_s=0.005))  # a draft pass measured: 5 ms
+    assert policy.catchup_s(102) == pytest.approx(0.01)
+    long = StepResult(ids(0, 0, 0), MODEL, 2, 2, 0.01 + 0.2, 0.03, 2, 200)
+    policy.observe(long)
+    assert policy.catchup_s(102) == pytest.approx(0.1)
+    fresh = AdaptiveK(max_k=4)
+    fresh.inherit(policy)  # what was measured goes on to later generations
+    assert fresh.catchup_s(102) == pytest.approx(0.1)
+    # the negative control: a short catch-up is mostly the passes and teaches nothing
+    short = AdaptiveK(max_k=4)
+    short.draft_ratio = 0.1
+    short.observe_prefill(100, 0.1)
+    short.observe(StepResult(ids(0, 0, 0), MODEL, 2, 2, 0.05, 0.03, 2, 10))
+    assert short.catchup_s(102) == pytest.approx(0.01)
+
+
 def test_a_first_draft_that_also_reads_the_prompt_does_not_price_drafting_out() -> None:
     # a batch row's first model draft reads its whole prompt (45 tokens) in its first pass:
     # 3 drafts in 0.16 s, where a draft pass costs 0.02 s and the target's 0.04 s

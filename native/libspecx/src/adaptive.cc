@@ -11,6 +11,7 @@ constexpr int kProbeMost = 1024;  // the longest run of K = 0 steps between prob
 constexpr double kProbeBudget = 0.02;  // probes' share of the time spent at K = 0
 constexpr double kHold = 0.98;  // keep a model at K = 1 within this share of K = 0's rate
 constexpr int kMinJudged = 6;  // a model draft's proposals judged before giving it up
+constexpr int64_t kCatchupMeasured = 16;  // a catch-up this long measures a token's cost
 const double kConfidenceEdges[] = {0.3, 0.5, 0.7, 0.9, 0.97};
 const double kConfidencePrior[] = {0.35, 0.6, 0.8, 0.9, 0.95, 0.98};
 
@@ -92,6 +93,8 @@ void AdaptiveK::inherit(const AdaptiveK& previous, double keep) {
   token_s_ = previous.token_s_;
   has_row_s_ = previous.has_row_s_;
   row_s_ = previous.row_s_;
+  has_catchup_token_s_ = previous.has_catchup_token_s_;
+  catchup_token_s_ = previous.catchup_token_s_;
   for (size_t w = 0; w < by_width_.size(); ++w)
     by_width_[w] = w < previous.by_width_.size()
                        ? std::make_pair(keep * previous.by_width_[w].first, keep * previous.by_width_[w].second)
@@ -179,7 +182,9 @@ double AdaptiveK::verify_s(int width) const {
 
 double AdaptiveK::catchup_s(int64_t behind) const {
   const int64_t extra = behind - 2;  // beyond what every step reads (in the measured costs)
-  if (extra <= 0 || !has_row_s_) return 0.0;
+  if (extra <= 0) return 0.0;
+  if (has_catchup_token_s_) return double(extra) * catchup_token_s_;
+  if (!has_row_s_) return 0.0;
   const double ratio = has_draft_ratio_ ? draft_ratio_ : 1.0;
   return double(extra) * ratio * row_s_;
 }
@@ -321,6 +326,11 @@ void AdaptiveK::observe_verify(const StepResult& step) {
 void AdaptiveK::observe_draft_cost(SourceEstimate& est, const StepResult& step) {
   const double d = decay_;
   const double per_token = step.draft_s / step.proposed;
+  if (step.catchup >= kCatchupMeasured) {  // what reading a token costs, the passes aside
+    const double passes = est.draft_seen ? step.proposed * est.draft_pass_s : 0.0;
+    catchup_token_s_ = std::max(0.0, step.draft_s - passes) / double(step.catchup);
+    has_catchup_token_s_ = true;
+  }
   if (step.catchup <= 2) {
     const double weight = est.draft_seen ? 0.3 : 1.0;
     est.draft_pass_s = (1 - weight) * est.draft_pass_s + weight * per_token;

@@ -98,6 +98,8 @@ class AdaptiveK {
   double token_s_ = 0.0;
   bool has_row_s_ = false;  // a verify row's cost where the widths seen do not say
   double row_s_ = 0.0;
+  bool has_catchup_token_s_ = false;  // a draft's measured seconds per token caught up on
+  double catchup_token_s_ = 0.0;
   bool has_draft_ratio_ = false;  // a draft pass over a target pass, until measured
   double draft_ratio_ = 0.0;
   bool lazy_draft_ = false;
