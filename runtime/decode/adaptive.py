@@ -213,10 +213,12 @@ class AdaptiveK:
     def acceptance(self, position: int, source: str = DEFAULT_SOURCE) -> float:
         return self.acceptances(source)[position]
 
-    def expected_tokens(self, source: str = DEFAULT_SOURCE) -> list[float]:
-        """[max_k + 1] expected tokens from a step proposing K = 0..max_k."""
+    def expected_tokens(self, source: str = DEFAULT_SOURCE, prior: bool = False) -> list[float]:
+        """[max_k + 1] expected tokens from a step proposing K = 0..max_k (prior: at the
+        prior acceptance, what was seen aside)."""
         totals, chain = [1.0], 1.0
-        for p in self.acceptances(source):
+        seen = [self.prior_accept] * self.max_k if prior else self.acceptances(source)
+        for p in seen:
             chain *= p
             totals.append(totals[-1] + chain)
         return totals
@@ -297,15 +299,16 @@ class AdaptiveK:
         return extra * ratio * self.row_s
 
     def expected_rates(
-        self, source: str = DEFAULT_SOURCE, behind: int = 0, left: int = 0
+        self, source: str = DEFAULT_SOURCE, behind: int = 0, left: int = 0, prior: bool = False
     ) -> list[float]:
-        """[max_k + 1] expected tokens per second for K = 0..max_k under the current estimates.
-        A draft model `behind` the committed tokens first reads them: a step that drafts is
-        charged that catch-up's share of the `left` tokens it can still make."""
+        """[max_k + 1] expected tokens per second for K = 0..max_k under the current estimates
+        (prior: the acceptance at its prior). A draft model `behind` the committed tokens first
+        reads them: a step that drafts is charged that catch-up's share of the `left` tokens it
+        can still make."""
         est = self._estimate(source)
         catch = self.catchup_s(behind) if source == MODEL else 0.0
         rates = []
-        for k, tokens in enumerate(self.expected_tokens(source)):
+        for k, tokens in enumerate(self.expected_tokens(source, prior)):
             cost = self._draft_s(est, source, k) + self.verify_s(k + 1)
             if k and catch:
                 cost += catch * tokens / max(left, tokens)
@@ -353,10 +356,11 @@ class AdaptiveK:
             k = max(range(self.max_k + 1), key=rates.__getitem__)
             if k == 0 and source == MODEL and rates[1] >= self.HOLD * rates[0]:
                 k = 1  # hysteresis: leaving the drafter idle makes it catch up later
-            elif (
-                k == 0 and source == MODEL and est.judged < self.MIN_JUDGED and self.can_pay(source)
-            ):  # too little seen to give up: the best K above 0
-                k = max(range(1, self.max_k + 1), key=rates.__getitem__)
+            elif k == 0 and source == MODEL and est.judged < self.MIN_JUDGED:
+                # too little seen to give up on its acceptance: what the prior acceptance says,
+                # at the measured costs and the catch-up it would need
+                hopeful = self.expected_rates(source, behind, left, prior=True)
+                k = max(range(self.max_k + 1), key=hopeful.__getitem__)
             if est.steps % self.explore_every == 0 and k > 0:
                 k = min(self.max_k, k + 1)  # look one further: is the next position worth it?
             if k > 0 and est.confidence_seen and self.token_s is not None:

@@ -125,6 +125,26 @@ def test_two_unlucky_first_steps_do_not_stop_a_model_draft_that_pays() -> None:
     assert ks[10:].count(0) >= 25, ks
 
 
+def test_a_draft_not_yet_judged_is_not_made_to_read_a_long_prompt_that_cannot_pay_back() -> None:
+    """MIN_JUDGED keeps a draft on its acceptance's prior, not on any cost: a lazy draft model
+    that would first read an 800-token prompt (8 s at its measured 10 ms a token) for 160 tokens
+    left stays idle, though none of its proposals was judged yet."""
+    policy = AdaptiveK(max_k=4)
+    policy.draft_ratio = 0.3
+    policy.lazy_draft = True
+    policy.observe_prefill(800, 8.0)
+    assert policy.decide(MODEL, True, 800, 160).k == 0  # the first step: never the draft
+    policy.observe(StepResult(ids(0), NONE, 0, 0, 0.0, 0.03))
+    ks = []
+    for _ in range(20):
+        k = policy.decide(MODEL, True, 800 + len(ks), 160 - len(ks)).k
+        ks.append(k)
+        policy.observe(StepResult(ids(0), MODEL, 0, 0, 0.0, 0.03))
+    assert ks == [0] * 20
+    # the negative control: the same draft caught up (2 behind) is asked
+    assert policy.decide(MODEL, True, 2, 140).k > 0
+
+
 def test_adaptive_k_prefers_small_k_for_an_expensive_draft() -> None:
     cheap, costly = AdaptiveK(max_k=8), AdaptiveK(max_k=8)
     for _ in range(20):

@@ -189,10 +189,13 @@ double AdaptiveK::catchup_s(int64_t behind) const {
   return double(extra) * ratio * row_s_;
 }
 
-std::vector<double> AdaptiveK::expected_rates(const std::string& source, int64_t behind, int64_t left) {
+std::vector<double> AdaptiveK::expected_rates(const std::string& source, int64_t behind, int64_t left,
+                                              bool prior) {
   std::vector<double> tokens{1.0};
   double chain = 1.0;
-  for (double p : acceptances(source)) {
+  const std::vector<double> seen =
+      prior ? std::vector<double>(size_t(max_k_), prior_accept_) : acceptances(source);
+  for (double p : seen) {
     chain *= p;
     tokens.push_back(tokens.back() + chain);
   }
@@ -231,8 +234,10 @@ int AdaptiveK::choose_k(const std::string& source, int64_t behind, int64_t left)
     k = int(std::max_element(rates.begin(), rates.end()) - rates.begin());  // the first best
     if (k == 0 && source == "model" && rates[1] >= kHold * rates[0]) {
       k = 1;  // catch-up later
-    } else if (k == 0 && source == "model" && est.judged < kMinJudged && can_pay(source)) {
-      k = int(std::max_element(rates.begin() + 1, rates.end()) - rates.begin());  // seen too little
+    } else if (k == 0 && source == "model" && est.judged < kMinJudged) {
+      // seen too little to give up on its acceptance: what the prior says, costs and catch-up in
+      const std::vector<double> hopeful = expected_rates(source, behind, left, true);
+      k = int(std::max_element(hopeful.begin(), hopeful.end()) - hopeful.begin());
     }
     if (est.steps % explore_every_ == 0 && k > 0) k = std::min(max_k_, k + 1);
     if (k > 0 && est.confidence_seen && has_token_s_) k = max_k_;  // the plan decides

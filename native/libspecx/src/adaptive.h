@@ -74,7 +74,8 @@ class AdaptiveK {
   SourceEstimate& estimate(const std::string& source);
   std::vector<double> acceptances(const std::string& source);
   std::vector<double> acceptances_of(const SourceEstimate& est) const;
-  std::vector<double> expected_rates(const std::string& source, int64_t behind = 0, int64_t left = 0);
+  std::vector<double> expected_rates(const std::string& source, int64_t behind = 0, int64_t left = 0,
+                                     bool prior = false);
   double catchup_s(int64_t behind) const;
   double verify_line_s(int width) const;
   double verify_s(int width) const;
