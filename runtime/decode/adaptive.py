@@ -113,8 +113,7 @@ class SourceEstimate:
             False,
             self.probe_cost_s,
             self.judged,  # what was seen stays seen: a later generation need not judge it again
-            self.anchor[:max_k],
-        )
+        )  # the anchor is the caller's: inherit sets it from the earlier policy's acceptances
 
     def accept_given_confidence(self, top: float, prior_weight: float) -> float:
         """P(a draft token is accepted | the earlier ones were, the draft's top probability)."""

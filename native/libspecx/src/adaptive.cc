@@ -58,8 +58,7 @@ SourceEstimate SourceEstimate::scaled(int k, double keep) const {
   out.zero_streak = zero_streak;  // the probes' rhythm goes on: short generations still probe
   out.probe_after = probe_after;
   out.probe_cost_s = probe_cost_s;
-  out.judged = judged;  // what was seen stays seen
-  out.anchor.assign(anchor.begin(), anchor.begin() + std::min<std::ptrdiff_t>(k, std::ptrdiff_t(anchor.size())));
+  out.judged = judged;  // what was seen stays seen (the anchor: inherit sets it)
   return out;
 }
 
@@ -83,9 +82,8 @@ void AdaptiveK::inherit(const AdaptiveK& previous, double keep) {
   for (const auto& [name, est] : previous.sources_) {
     SourceEstimate mine = est.scaled(max_k_, keep);
     // this generation shrinks toward where the earlier one left each position
-    std::vector<double> left = previous.acceptances_of(est);
-    if (int(left.size()) > max_k_) left.resize(size_t(max_k_));
-    mine.anchor = left;
+    mine.anchor = previous.acceptances_of(est);
+    if (int(mine.anchor.size()) > max_k_) mine.anchor.resize(size_t(max_k_));
     sources_.emplace(name, std::move(mine));
   }
   for (size_t i = 0; i < fit_.size(); ++i) fit_[i] = keep * previous.fit_[i];
