@@ -4,9 +4,12 @@
     kernel_costs.py passes ARTIFACT [ARTIFACT ...] [--rounds 20]
 
 matmul: the library's C ABI (`specx_kernels_matmul`, one thread) on random blocks of the type,
-[n, k] weights against `rows` activation rows; the median time of `--repeats` products and the
-weight bytes read per second. A matrix larger than the caches (`--n 151936`: an LM head) shows
-how the kernel streams from memory; a small one what it computes.
+[n, k] weights against `rows` activation rows; the median time of `--repeats` products, the
+weight bytes read per second and the multiply-adds per second as a fraction of the instruction
+set's peak measured first in the same run (`specx_kernels_peak`: its integer products from
+registers on one thread; vpdpbusd on AVX-512 VNNI). A matrix larger than the caches
+(`--n 151936`: an LM head) shows how the kernel streams from memory; a small one what it
+computes.
 
 passes: per artifact, the one-token target pass, passes over K + 1 = 4, 6, 9 tokens (r: each
 over the one-token pass) and the first draft's one-token pass (c), all after a 128-token prompt
@@ -52,6 +55,13 @@ def matmul(args: argparse.Namespace) -> None:
         )
     weights = np.ascontiguousarray(blocks.reshape(args.n, -1))
     message = ctypes.create_string_buffer(256)
+    isa = args.isa.encode() if args.isa else None
+    peak = ctypes.c_double()
+    if lib.specx_kernels_peak(isa, ctypes.c_double(1.0), ctypes.byref(peak), message, 256):
+        raise SystemExit(f"kernel_costs: {message.value.decode()}")
+    lib.specx_kernels_isa.restype = ctypes.c_char_p
+    named = args.isa or lib.specx_kernels_isa().decode()
+    print(f"peak of {named}'s integer products, one thread: {peak.value / 1e9:.1f} G multiply-adds/s")
     for rows in (int(r) for r in args.rows.split(",")):
         x = rng.standard_normal((rows, args.k)).astype(np.float32)
         y = np.empty((rows, args.n), np.float32)
@@ -59,7 +69,7 @@ def matmul(args: argparse.Namespace) -> None:
         for _ in range(args.repeats + 2):
             t0 = time.perf_counter()
             status = lib.specx_kernels_matmul(
-                args.isa.encode() if args.isa else None, int(kind),
+                isa, int(kind),
                 weights.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(args.n),
                 ctypes.c_int64(args.k), x.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(rows),
                 y.ctypes.data_as(ctypes.c_void_p), message, ctypes.c_size_t(256),
@@ -68,9 +78,11 @@ def matmul(args: argparse.Namespace) -> None:
             if status:
                 raise SystemExit(f"kernel_costs: {message.value.decode()}")
         median = statistics.median(times[2:])
+        rate = rows * args.n * args.k / median
         print(
-            f"{args.type} [{args.n}, {args.k}] x {rows} rows, {args.isa or 'dispatched'}: "
-            f"{1e3 * median:.3f} ms, {weights.nbytes / median / 1e9:.1f} GB/s of weights"
+            f"{args.type} [{args.n}, {args.k}] x {rows} rows, {named}: {1e3 * median:.3f} ms, "
+            f"{weights.nbytes / median / 1e9:.1f} GB/s of weights, {rate / 1e9:.1f} G "
+            f"multiply-adds/s = {rate / peak.value:.0%} of the peak"
         )
 
 

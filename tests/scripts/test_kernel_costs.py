@@ -23,14 +23,18 @@ def run(*args: str) -> str:
     return done.stdout
 
 
-def test_matmul_reports_a_time_and_a_rate_per_row_count() -> None:
+def test_matmul_reports_a_time_and_a_fraction_of_the_measured_peak_per_row_count() -> None:
     kernels_path()
     out = run(
         "matmul", "--type", "Q6_K", "--n", "64", "--k", "512", "--rows", "1,3", "--repeats", "2"
     )
-    lines = out.strip().splitlines()
+    peak, *lines = out.strip().splitlines()
+    assert peak.startswith("peak of ") and "G multiply-adds/s" in peak
+    assert float(peak.split(": ")[1].split()[0]) > 0
     assert [line.split(" x ")[1].split(" rows")[0] for line in lines] == ["1", "3"]
-    assert all(line.endswith("GB/s of weights") for line in lines)
+    for line in lines:
+        assert "GB/s of weights" in line and line.endswith("of the peak")
+        assert 0 < int(line.rsplit("= ", 1)[1].split("%")[0]) <= 100  # a kernel under its peak
 
 
 def test_passes_reports_r_c_and_memory_of_a_pair(tmp_path: Path) -> None:

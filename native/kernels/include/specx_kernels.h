@@ -48,6 +48,12 @@ SPECX_KERNELS_API int specx_kernels_block_shape(int type, int* elements, int* by
 SPECX_KERNELS_API int specx_kernels_matmul(const char* isa, int type, const uint8_t* weights, int64_t n,
                                            int64_t k, const float* x, int64_t m, float* y, char* message, size_t message_len);
 
+/* Multiply-adds a second on one thread by `isa`'s integer product instructions from registers
+ * (NULL: the ops' own), the best of runs over about `seconds` (> 0, <= 10): the peak a kernel's
+ * throughput is a fraction of (vpdpbusd for AVX-512 VNNI, vpmaddubsw + vpmaddwd for AVX2). */
+SPECX_KERNELS_API int specx_kernels_peak(const char* isa, double seconds, double* macs_per_second,
+                                         char* message, size_t message_len);
+
 /* y [rows, k]: the block matrix's values, as the gguf package dequantizes them. */
 SPECX_KERNELS_API int specx_kernels_dequantize(int type, const uint8_t* weights, int64_t rows, int64_t k, float* y,
                              char* message, size_t message_len);

@@ -56,6 +56,21 @@ int specx_kernels_block_shape(int type, int* elements, int* bytes) {
   return SPECX_KERNELS_OK;
 }
 
+int specx_kernels_peak(const char* isa, double seconds, double* macs_per_second, char* message,
+                       size_t message_len) {
+  if (macs_per_second == nullptr || !(seconds > 0.0 && seconds <= 10.0)) {
+    return fail(SPECX_KERNELS_BAD_ARGUMENT, message, message_len,
+                "macs_per_second must be non-null and seconds in (0, 10]");
+  }
+  specx::Isa chosen = specx::active_isa();
+  if (isa != nullptr && (!specx::isa_from_name(isa, &chosen) || !specx::isa_supported(chosen))) {
+    return fail(SPECX_KERNELS_UNSUPPORTED_ISA, message, message_len,
+                "that instruction set is not one this CPU and build run");
+  }
+  *macs_per_second = specx::product_peak(chosen, seconds);
+  return SPECX_KERNELS_OK;
+}
+
 int specx_kernels_matmul(const char* isa, int type, const uint8_t* weights, int64_t n, int64_t k,
                          const float* x, int64_t m, float* y, char* message, size_t message_len) {
   if (weights == nullptr || x == nullptr || y == nullptr || n <= 0 || m <= 0) {

@@ -86,4 +86,21 @@ void matmul_columns(Isa isa, const MatMulJob& job, int64_t n0, int64_t n1) {
   }
 }
 
+double product_peak(Isa isa, double seconds) {
+  switch (isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    case Isa::kAvx2:
+      return avx2::product_peak(seconds);
+    case Isa::kAvx512Vnni:
+      return avx512vnni::product_peak(seconds);
+#endif
+#if defined(__aarch64__)
+    case Isa::kNeon:
+      return neon::product_peak(seconds);
+#endif
+    default:
+      return scalar::product_peak(seconds);
+  }
+}
+
 }  // namespace specx

@@ -110,6 +110,14 @@ namespace avx2 { void matmul_columns(const MatMulJob& job, int64_t n0, int64_t n
 namespace avx512vnni { void matmul_columns(const MatMulJob& job, int64_t n0, int64_t n1); }
 namespace neon { void matmul_columns(const MatMulJob& job, int64_t n0, int64_t n1); }
 
+// Multiply-adds a second on one thread by the instruction set's integer products from registers
+// (src/peak.cc), the best of runs over about `seconds`.
+double product_peak(Isa isa, double seconds);
+namespace scalar { double product_peak(double seconds); }
+namespace avx2 { double product_peak(double seconds); }
+namespace avx512vnni { double product_peak(double seconds); }
+namespace neon { double product_peak(double seconds); }
+
 // Row r of a [rows, row_bytes] block matrix as k floats: W = ws * w + wm, as gguf dequantizes.
 void dequantize_row(const BlockFormat& format, const uint8_t* row, int64_t k, float* out);
 

@@ -1,5 +1,5 @@
 // The kernels' own tests (run by ctest, also under ASan + UBSan): each instruction set against
-// the scalar reference bit for bit, every row count 1..17 against the 17-row pass, the product
+// the scalar reference bit for bit, every row count 1..70 against the 70-row pass (tile edges), the product
 // against a double-precision sum over the dequantized weights, and a changed byte caught.
 #include <algorithm>
 #include <cmath>
@@ -74,14 +74,14 @@ std::vector<float> matmul(const char* isa, const specx::BlockFormat& f,
 
 void test_format(int type, std::mt19937& rng) {
   const specx::BlockFormat& f = *specx::find_format(type);
-  const int64_t n = 7, k = 512, m = 17;
+  const int64_t n = 7, k = 512, m = 70;
   const std::vector<uint8_t> w = random_blocks(f, n, k, rng);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(m * k));
   for (auto& v : x) v = normal(rng);
   const std::vector<float> reference = matmul("scalar", f, w, n, k, x, m);
 
-  // every instruction set and every row count: the scalar 17-row pass's rows, bit for bit
+  // every instruction set and every row count: the scalar 70-row pass's rows, bit for bit
   for (const char* isa : {"scalar", "avx2", "avx512vnni", "neon"}) {
     if (!specx_kernels_isa_supported(isa)) continue;
     for (int64_t rows = 1; rows <= m; ++rows) {
@@ -134,6 +134,12 @@ void test_bad_input() {
   float x[32] = {}, y[1] = {};
   uint8_t w[64] = {};
   char message[256] = {};
+  double peak = -1.0;
+  expect(specx_kernels_peak(nullptr, 0.0, &peak, message, sizeof message) ==
+             SPECX_KERNELS_BAD_ARGUMENT && peak == -1.0,
+         "a peak over no time is refused", "peak");
+  expect(specx_kernels_peak("mmx", 0.01, &peak, message, sizeof message) ==
+             SPECX_KERNELS_UNSUPPORTED_ISA, "a peak of an unknown instruction set is refused", "peak");
   expect(specx_kernels_matmul(nullptr, 10, w, 1, 32, x, 1, y, message, sizeof message) ==
              SPECX_KERNELS_UNKNOWN_TYPE && std::strstr(message, "Q4_K") != nullptr,
          "an unknown type is refused naming the held ones", "Q2_K");
@@ -144,6 +150,28 @@ void test_bad_input() {
   expect(specx_kernels_matmul(nullptr, specx::kQ4_0, nullptr, 1, 32, x, 1, y, message,
                               sizeof message) == SPECX_KERNELS_BAD_ARGUMENT,
          "a null pointer is refused", "Q4_0");
+}
+
+// Each instruction set's product peak: a positive rate, and on x86 (run natively, where ARM64's
+// runs under an emulator) above the scalar loop's.
+void test_peak() {
+  char message[256] = {};
+  double scalar = 0.0;
+  expect(specx_kernels_peak("scalar", 0.02, &scalar, message, sizeof message) == SPECX_KERNELS_OK &&
+             scalar > 0.0 && std::isfinite(scalar),
+         "the scalar peak is a positive rate", "peak");
+  for (const char* isa : {"avx2", "avx512vnni", "neon"}) {
+    if (!specx_kernels_isa_supported(isa)) continue;
+    double rate = 0.0;
+    const int status = specx_kernels_peak(isa, 0.02, &rate, message, sizeof message);
+#if defined(__x86_64__)
+    const bool above = rate > scalar;
+#else
+    const bool above = rate > 0.0;
+#endif
+    expect(status == SPECX_KERNELS_OK && std::isfinite(rate) && above,
+           "a SIMD peak is a rate above the scalar loop's", isa);
+  }
 }
 
 // Every instruction set's activation quantizer against the scalar one, with infinities, NaN,
@@ -315,6 +343,7 @@ int main() {
   std::mt19937 rng(1234);
   for (int type : {2, 3, 6, 7, 8, 12, 13, 14}) test_format(type, rng);
   test_bad_input();
+  test_peak();
   test_kquant_scales(rng);
   test_quantize_rows(rng);
   test_attention(rng);
