@@ -61,7 +61,8 @@ def matmul(args: argparse.Namespace) -> None:
         raise SystemExit(f"kernel_costs: {message.value.decode()}")
     lib.specx_kernels_isa.restype = ctypes.c_char_p
     named = args.isa or lib.specx_kernels_isa().decode()
-    print(f"peak of {named}'s integer products, one thread: {peak.value / 1e9:.1f} G multiply-adds/s")
+    rate = peak.value / 1e9
+    print(f"peak of {named}'s integer products, one thread: {rate:.1f} G multiply-adds/s")
     for rows in (int(r) for r in args.rows.split(",")):
         x = rng.standard_normal((rows, args.k)).astype(np.float32)
         y = np.empty((rows, args.n), np.float32)
