@@ -33,6 +33,12 @@ if [ -z "${SPECX_SKIP_TRITON:-}" ]; then
   SPECX_TRITON_PYTHON="$("$ROOT/scripts/setup_triton.sh")"
   export SPECX_TRITONSERVER SPECX_TRITON_PYTHON
 fi
+# Hugging Face Optimum's exporter in its own environment: the folders `specx import` is tested on
+# are made by the real tool; set SPECX_SKIP_OPTIMUM=1 to skip those tests.
+if [ -z "${SPECX_SKIP_OPTIMUM:-}" ]; then
+  SPECX_OPTIMUM_PYTHON="$("$ROOT/scripts/setup_optimum.sh")"
+  export SPECX_OPTIMUM_PYTHON
+fi
 echo "== ruff" >&2
 ruff check .
 ruff format --check .

@@ -27,6 +27,7 @@ from specx.apps.cli.common import (
 )
 from specx.apps.cli.distill import distill
 from specx.apps.cli.export import build, export_cmd
+from specx.apps.cli.importing import import_cmd
 from specx.apps.cli.serve import serve, triton
 from specx.runtime.settings import DEFAULT_K
 from specx.runtime.verification.sampling import VERIFICATIONS
@@ -405,7 +406,7 @@ def profiles(name: str | None, debug: bool) -> None:
         )
 
 
-for command in (export_cmd, build, distill, bench, serve, triton):
+for command in (export_cmd, import_cmd, build, distill, bench, serve, triton):
     main.add_command(command)
 
 

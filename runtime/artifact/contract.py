@@ -37,7 +37,19 @@ verifies several sequences in one pass, each at its own length). Cache layout as
   <= their own position_ids (and inside a layer's sliding window). Rows with fewer real tokens
   are padded: a padded position's keys land past the row's length, where nothing reads them.
 
-In all, rolling back after a rejected draft is just a smaller length: nothing is copied.
+"concat" (imported with `specx import`: Hugging Face Optimum's decoder layout, also the one the
+onnx-community / transformers.js folders publish). The graph returns past + new as a new tensor:
+    inputs   attention_mask           int64 [batch, past_len + seq]   1: a position to attend to
+             past_key_values.{i}.key, .value      [batch, kv_heads, past_len, head_dim]
+    outputs  present.{i}.key, present.{i}.value   [batch, kv_heads, past_len + seq, head_dim]
+  The runtime keeps two preallocated buffers per tensor and binds `past` to the one the last
+  pass wrote and `present` to the other (the graph's own concatenation is the only copy). A
+  rolled-back position stays in place as a hole that attention_mask masks out; position_ids
+  carry the logical positions, so a hole changes nothing the graph computes; when the holes
+  and positions would outgrow the buffers, the valid slots are compacted once.
+
+In all, rolling back after a rejected draft is just a smaller length (or a mask): nothing is
+copied.
 
 Feature drafts (EAGLE-style heads, docs/artifact-format.md). A target exported for one adds
     outputs  features   float32 [batch, seq, F]   hidden states of the layers in
@@ -67,11 +79,14 @@ from typing import Any
 from specx.runtime.artifact.schema import check_manifest
 from specx.runtime.errors import ArtifactError
 
-FORMAT_VERSION = 2  # the newest format this version of specx reads and writes
+FORMAT_VERSION = 3  # the newest format this version of specx reads and writes
 # Version 2 adds feature drafts (a draft with a `head` record runs differently from a model
 # draft: a version-1 reader would get it wrong). An artifact without one stays version 1, so
 # version-1 readers keep reading everything they can run.
 FEATURE_DRAFTS_VERSION = 2
+# Version 3 adds imported graphs ("concat" attention: the Optimum layout), which older readers
+# would bind with the wrong names.
+IMPORTED_VERSION = 3
 MANIFEST_FILE = "manifest.json"
 PAIR_ID_KEY = "specx.pair_id"  # ONNX metadata key: the export every graph belongs to
 MAX_LENGTH_KEY = "specx.max_length"  # ONNX metadata key: positions the graph was exported for
@@ -93,10 +108,12 @@ PAST = "past_len"
 
 CACHE_LEN = "cache_len"
 WRITE_INDICES = "write_indices"
+ATTENTION_MASK = "attention_mask"  # "concat" graphs
+TOTAL = "past_len + seq"
 SEQLENS_K = "seqlens_k"
 TOTAL_SEQUENCE_LENGTH = "total_sequence_length"
 
-ATTENTIONS = ("plain", "gqa", "batched")
+ATTENTIONS = ("plain", "gqa", "batched", "concat")
 # Cache layouts. plain: the position axis right after batch, so that for batch 1 the first
 # `past_len` positions of a buffer are a contiguous prefix that binds as `past` without a copy.
 # gqa: heads before positions, the layout GroupQueryAttention reads and writes in place.
@@ -104,6 +121,7 @@ CACHE_LAYOUTS = {
     "plain": ("batch", "position", "kv_head", "head_dim"),
     "gqa": ("batch", "kv_head", "position", "head_dim"),
     "batched": ("batch", "kv_head", "position", "head_dim"),
+    "concat": ("batch", "kv_head", "position", "head_dim"),
 }
 # Attention variants whose graphs read and write one full-capacity buffer per tensor.
 FULL_BUFFER = ("gqa", "batched")
@@ -111,8 +129,13 @@ FULL_BUFFER = ("gqa", "batched")
 DTYPES = ("float32", "float16")
 
 
-def format_version_for(drafts: tuple[ModelSpec, ...] | list[ModelSpec]) -> int:
-    """The oldest format that describes an artifact with these drafts."""
+def format_version_for(
+    drafts: tuple[ModelSpec, ...] | list[ModelSpec], target: ModelSpec | None = None
+) -> int:
+    """The oldest format that describes an artifact with these drafts (and target)."""
+    models = [*drafts, *([target] if target is not None else [])]
+    if any(m.attention == "concat" for m in models):
+        return IMPORTED_VERSION
     return FEATURE_DRAFTS_VERSION if any(d.head is not None for d in drafts) else 1
 
 
@@ -148,6 +171,14 @@ def past_key(layer: int) -> str:
 
 def past_value(layer: int) -> str:
     return f"past_value.{layer}"
+
+
+def concat_past(layer: int, kind: str) -> str:  # kind: "key" or "value"
+    return f"past_key_values.{layer}.{kind}"
+
+
+def concat_present(layer: int, kind: str) -> str:
+    return f"present.{layer}.{kind}"
 
 
 def new_key(layer: int) -> str:
@@ -198,7 +229,9 @@ def graph_inputs(
 ) -> tuple[TensorSpec, ...]:
     """head: (feature_size, hidden_size) for a feature draft's graph, else None."""
     specs = [TensorSpec(INPUT_IDS, "int64", (BATCH, SEQ))]
-    if attention != "gqa" or position_ids:
+    if attention == "concat":
+        specs.append(TensorSpec(ATTENTION_MASK, "int64", (BATCH, TOTAL)))
+    if attention not in ("gqa", "concat") or position_ids:
         specs.append(TensorSpec(POSITION_IDS, "int64", (BATCH, SEQ)))
     if head is not None:
         specs.append(TensorSpec(FEATURES, "float32", (BATCH, SEQ, head[0])))
@@ -209,6 +242,12 @@ def graph_inputs(
         specs.append(TensorSpec(TOTAL_SEQUENCE_LENGTH, "int32", ()))
     if attention == "batched":
         specs.append(TensorSpec(WRITE_INDICES, "int64", (BATCH,)))
+    if attention == "concat":
+        for i in range(num_layers):
+            for kind in ("key", "value"):
+                past: tuple[int | str, ...] = (BATCH, kv_heads, PAST, head_dim)
+                specs.append(TensorSpec(concat_past(i, kind), cache_dtype, past))
+        return tuple(specs)
     if attention in FULL_BUFFER:
         shape: tuple[int | str, ...] = (BATCH, kv_heads, CACHE_LEN, head_dim)
     else:
@@ -237,8 +276,12 @@ def graph_outputs(
     if head_hidden:
         specs.append(TensorSpec(HIDDEN_OUT, "float32", (BATCH, SEQ, head_hidden)))
     for i in range(num_layers):
-        if attention in FULL_BUFFER:
-            shape: tuple[int | str, ...] = (BATCH, kv_heads, CACHE_LEN, head_dim)
+        if attention == "concat":
+            for kind in ("key", "value"):
+                shape: tuple[int | str, ...] = (BATCH, kv_heads, TOTAL, head_dim)
+                specs.append(TensorSpec(concat_present(i, kind), cache_dtype, shape))
+        elif attention in FULL_BUFFER:
+            shape = (BATCH, kv_heads, CACHE_LEN, head_dim)
             specs.append(TensorSpec(present_key(i), cache_dtype, shape))
             specs.append(TensorSpec(present_value(i), cache_dtype, shape))
         else:
@@ -271,8 +314,8 @@ class ModelSpec:
     outputs: tuple[TensorSpec, ...]
     parity: dict[str, Any] = field(default_factory=dict)
     variant: str = "fp32"  # its weights: "fp32", "fp16", "int8", "int4" ("plain": old fp32)
-    attention: str = "plain"  # "plain" (standard ONNX, TensorRT), "gqa" (ONNX Runtime) or
-    # "batched" (several sequences per pass)
+    attention: str = "plain"  # "plain" (standard ONNX, TensorRT), "gqa" (ONNX Runtime),
+    # "batched" (several sequences per pass) or "concat" (imported: Optimum's layout)
     operators: tuple[str, ...] = ()  # "domain:OpType" of every node kind; () if not recorded
     feature_layers: tuple[int, ...] = ()  # a target's `features` output taps (): none)
     head: HeadSpec | None = None  # a feature draft's record (None: an ordinary graph)

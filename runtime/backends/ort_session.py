@@ -24,10 +24,13 @@ from specx.runtime.artifact.contract import ModelSpec
 from specx.runtime.artifact.requirements import min_onnxruntime, release
 from specx.runtime.backends.base import DEFAULT_CHUNK, GraphSession
 from specx.runtime.backends.providers import GPU_PROVIDERS, check_threads, resolve_providers
+from specx.runtime.concat_cache import ConcatCache
 from specx.runtime.errors import ArtifactError, InputError, ProviderError
 from specx.runtime.kernels import library as kernels
 from specx.runtime.kv_cache import NP_DTYPES, BatchKVCache, KVCache
 from specx.runtime.memory import HOST, DeviceMemory
+
+CONCAT_ROOM = 2  # an imported graph's cache: slots beyond its capacity, in passes of max_chunk
 
 ORT_TYPES = {
     "tensor(int64)": "int64",
@@ -267,7 +270,9 @@ class OrtSession(GraphSession):
         return other
 
     @property
-    def pair_id(self) -> str:
+    def pair_id(self) -> str | None:
+        if self.spec.attention == "concat":
+            return None  # an imported graph, never rewritten: the manifest's record is the one
         metadata = self.session.get_modelmeta().custom_metadata_map
         return str(metadata.get(contract.PAIR_ID_KEY, ""))  # "": the graph records no export
 
@@ -333,7 +338,10 @@ class OrtSession(GraphSession):
         if self._position_ids:
             positions = np.arange(past, past + seq, dtype=np.int64).reshape(1, seq)
             io.bind_cpu_input(contract.POSITION_IDS, positions)
-        if self.spec.attention in contract.FULL_BUFFER:
+        concat = self.spec.attention == "concat"
+        if concat:
+            self._bind_concat(io, cache, seq)
+        elif self.spec.attention in contract.FULL_BUFFER:
             self._bind_full(io, cache, past, seq)
         else:
             self._bind_plain(io, cache, past, seq)
@@ -342,7 +350,10 @@ class OrtSession(GraphSession):
         if features:
             bind_host_output(io, contract.FEATURES, self._features[:seq][None])
         self.session.run_with_iobinding(io)
-        cache.advance(seq, ids[0])
+        if isinstance(cache, ConcatCache):
+            cache.end_pass(seq, ids[0])
+        else:
+            cache.advance(seq, ids[0])
         self.passes += 1
         if features:
             self.last_features = self._features[:seq]
@@ -397,6 +408,37 @@ class OrtSession(GraphSession):
     def _bind_plain(self, io: Any, cache: KVCache, past: int, seq: int) -> None:
         self._bound = None
         bind_cache(io, cache, past, seq)
+
+    def _bind_concat(self, io: Any, cache: KVCache, seq: int) -> None:
+        """An imported graph's pass (contract "concat"): past from the buffer set the last pass
+        wrote, present into the other; rolled-back slots masked out."""
+        if not isinstance(cache, ConcatCache):
+            raise InputError(
+                f"{self.path.name} is an imported graph: its caches come from its own new_cache"
+            )
+        self._bound = None
+        past, present, slots, mask = cache.begin_pass(seq)
+        io.bind_cpu_input(contract.ATTENTION_MASK, mask[None])  # [1, slots + seq]
+        dt, heads, dim = cache.np_dtype, cache.kv_heads, cache.head_dim
+        for layer in range(cache.num_layers):
+            for j, kind in enumerate(("key", "value")):
+                io.bind_input(
+                    contract.concat_past(layer, kind), "cpu", 0, dt, [1, heads, slots, dim],
+                    past[2 * layer + j],
+                )  # fmt: skip
+                io.bind_output(
+                    contract.concat_present(layer, kind), "cpu", 0, dt,
+                    [1, heads, slots + seq, dim], present[2 * layer + j],
+                )  # fmt: skip
+
+    def new_cache(self, capacity: int) -> KVCache:
+        if self.spec.attention != "concat" or capacity > self.spec.max_length:
+            return super().new_cache(capacity)  # (which refuses a capacity beyond the graph's)
+        s = self.spec
+        room = CONCAT_ROOM * self.max_chunk
+        return ConcatCache(
+            s.num_layers, s.kv_heads, s.head_dim, capacity, room, s.dtype, self.memory
+        )
 
     def _bind_full(self, io: Any, cache: KVCache, past: int, seq: int) -> None:
         """The lengths say what is valid; the buffers are bound once per cache."""

@@ -1,0 +1,195 @@
+"""`specx import`: artifacts from decoder folders made by Hugging Face Optimum's exporter (the
+real tool, tests/optimum_models.py), run speculatively with the runtime alone."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from optimum_models import needs_optimum, optimum_folder
+
+from specx.apps.importer import ImportOptions, import_pair
+from specx.runtime import Pipeline
+from specx.runtime.concat_cache import ConcatCache
+from specx.runtime.errors import InputError
+
+pytestmark = needs_optimum
+PROMPT = "def fibonacci(n):\n    a, b = 0, 1\n"
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("optimum")
+    return {
+        "target": optimum_folder(root, "llama", seed=0),
+        "draft": optimum_folder(root, "llama", seed=0, noise=0.6),  # agrees often, not always
+        "qwen2": optimum_folder(root, "qwen2", seed=3),
+    }
+
+
+@pytest.fixture(scope="module")
+def pair(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("imported") / "pair"
+    import_pair(folders["target"], [str(folders["draft"])], out, ImportOptions(), lambda _: None)
+    return out
+
+
+def test_an_optimum_pair_decodes_greedy_as_its_target_alone_for_every_k_and_drafter(
+    pair: Path,
+) -> None:
+    pipe = Pipeline.load(pair)
+    alone = pipe.generate(PROMPT, max_new_tokens=60, k=0)
+    assert len(alone.token_ids) == 60
+    for k, drafter in ((1, "draft"), (3, "draft"), (6, "draft"), ("auto", "draft"), (4, "ngram")):
+        result = pipe.generate(PROMPT, max_new_tokens=60, k=k, drafter=drafter)
+        assert result.token_ids == alone.token_ids, (k, drafter)
+    drafted = pipe.generate(PROMPT, max_new_tokens=60, k=3, drafter="draft").stats
+    assert 0 < drafted.accepted < drafted.proposed  # rollbacks happened, and so did acceptance
+
+
+def test_seeded_sampling_gives_one_text_for_every_k(pair: Path) -> None:
+    pipe = Pipeline.load(pair)
+    runs = [
+        pipe.generate(PROMPT, max_new_tokens=40, k=k, temperature=0.8, seed=5).token_ids
+        for k in (0, 2, 5)
+    ]
+    assert runs[0] == runs[1] == runs[2]
+    other = pipe.generate(PROMPT, max_new_tokens=40, k=2, temperature=0.8, seed=6).token_ids
+    assert other != runs[0]  # the seed decides the text
+
+
+def test_rolled_back_slots_are_masked_and_compacted_without_changing_a_logit(pair: Path) -> None:
+    pipe = Pipeline.load(pair)
+    session = pipe.target
+    cache = session.new_cache(256)
+    assert isinstance(cache, ConcatCache)
+    rng = np.random.default_rng(0)
+    held: list[int] = []
+    for _ in range(60):  # verify-like passes of 1..6 tokens, each rolled back by some
+        tokens = rng.integers(3, 300, int(rng.integers(1, 7)))
+        session.forward(tokens, cache)
+        keep = int(rng.integers(1, len(tokens) + 1))
+        cache.truncate(len(held) + keep)
+        held += tokens[:keep].tolist()
+    assert cache.compactions > 0 and cache.slots - cache.length < 64
+    probe = np.array([7, 11, 13], dtype=np.int64)
+    logits = session.forward(probe, cache).copy()
+    fresh = session.new_cache(256)
+    session.prefill(np.array(held, dtype=np.int64), fresh)
+    clean = session.forward(probe, fresh).copy()
+    assert np.abs(logits - clean).max() < 1e-4
+    assert (logits.argmax(-1) == clean.argmax(-1)).all()
+
+
+def test_unmasked_holes_would_change_the_text(pair: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: a cache that forgets to mask rolled-back slots is caught."""
+    pipe = Pipeline.load(pair)
+    alone = pipe.generate(PROMPT, max_new_tokens=60, k=0).token_ids
+    monkeypatch.setattr(
+        ConcatCache, "truncate", lambda self, n, row=0: self.lengths.__setitem__(row, n)
+    )
+    broken = Pipeline.load(pair).generate(PROMPT, max_new_tokens=60, k=4, drafter="draft")
+    assert broken.token_ids != alone
+
+
+def test_a_second_family_and_a_model_free_drafter_import(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "qwen2"
+    manifest = import_pair(folders["qwen2"], ["ngram"], out, ImportOptions(), lambda _: None)
+    assert manifest.default_drafter == "ngram" and not manifest.drafts
+    assert manifest.target.architecture == "qwen2" and manifest.target.attention == "concat"
+    parity = manifest.target.parity
+    assert parity["argmax_agreement"] == 1.0 and parity["max_abs_logit_diff"] < 1e-4
+    assert parity["after_rollback_max_abs_logit_diff"] < 1e-5  # masked slots: rounding only
+    pipe = Pipeline.load(out)
+    alone = pipe.generate(PROMPT + PROMPT, max_new_tokens=40, k=0).token_ids
+    assert pipe.generate(PROMPT + PROMPT, max_new_tokens=40, k=4).token_ids == alone
+    data = json.loads((out / "manifest.json").read_text())
+    assert data["format_version"] == 3 and data["exporter"]["graphs"] == "linked"
+    assert (out / "target" / "model.onnx").is_symlink()
+
+
+def test_copied_graphs_stand_alone(folders: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "copied"
+    import_pair(folders["qwen2"], [], out, ImportOptions(copy=True), lambda _: None)
+    assert not (out / "target" / "model.onnx").is_symlink()
+    assert len(Pipeline.load(out).generate(PROMPT, max_new_tokens=8, k=0).token_ids) == 8
+
+
+def test_a_graph_without_a_cache_is_refused_naming_the_fix(tmp_path: Path) -> None:
+    folder = optimum_folder(tmp_path, "llama", past=False)
+    with pytest.raises(InputError) as e:
+        import_pair(folder, [], tmp_path / "out", ImportOptions(), lambda _: None)
+    assert "no past_key_values" in e.value.message and "text-generation-with-past" in (
+        e.value.hint or ""
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_inputs_are_refused_before_anything_is_written(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    cases = [
+        (folders["target"], [str(tmp_path / "missing")], "is not a folder"),
+        (folders["target"], ["int8"], "does not have"),
+        (tmp_path / "nothing", [], "is not a folder"),
+    ]
+    genai = tmp_path / "genai"
+    genai.mkdir()
+    (genai / "genai_config.json").write_text("{}")
+    cases.append((genai, [], "GenAI"))
+    for target, drafts, words in cases:
+        with pytest.raises(InputError) as e:
+            import_pair(target, drafts, out, ImportOptions(), lambda _: None)
+        assert words in e.value.message, e.value.message
+    with pytest.raises(InputError, match="variant"):
+        import_pair(folders["target"], [], out, ImportOptions(variant="q4"), lambda _: None)
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+    out.mkdir()
+    with pytest.raises(InputError, match="--force"):
+        import_pair(folders["target"], [], out, ImportOptions(), lambda _: None)
+
+
+def test_a_draft_with_another_tokenizer_is_refused_naming_the_first_differing_id(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    from tiny_models import build_tokenizer
+
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in folders["draft"].iterdir():
+        (other / f.name).symlink_to(f)
+    (other / "tokenizer.json").unlink()
+    build_tokenizer(vocab_size=300).save(str(other / "tokenizer.json"))
+    with pytest.raises(InputError, match="token id"):
+        import_pair(folders["target"], [str(other)], tmp_path / "out", ImportOptions(), print)
+
+
+def test_the_cli_imports_with_the_runtime_alone_and_exits_2_on_bad_input(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    code = (
+        "import sys; from specx.apps.cli.main import main; sys.argv = ['specx'] + sys.argv[1:];"
+        "\ntry: main()\nexcept SystemExit as e: code = e.code\n"
+        "print('TORCH' if 'torch' in sys.modules or 'transformers' in sys.modules else 'CLEAN');"
+        "sys.exit(code)"
+    )
+    args = ["import", "--target", str(folders["qwen2"]), "--draft", "ngram"]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args, "-o", str(tmp_path / "a")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "CLEAN"
+    bad = subprocess.run(
+        [sys.executable, "-m", "specx.apps.cli.main", "import", "--target", str(tmp_path / "x"),
+         "-o", str(tmp_path / "b")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "is not a folder" in bad.stderr
