@@ -3,7 +3,7 @@
 It imports nothing from specx: numpy, onnxruntime and tokenizers only, as a service in another
 language would use their equivalents. It runs the target alone, a model draft, a feature draft
 (EAGLE-style head reading the target's features), n-gram lookup, suffix drafting over the
-context and the hybrids, on gqa and plain
+context and the hybrids, on gqa, plain and imported (concat)
 graphs, greedy or with drafter-invariant sampling, and reproduces
 specx's token ids (tests/runtime/test_reference_consumer.py checks that on every graph variant).
 When the format changes, this file and the document change in the same commit.
@@ -28,11 +28,12 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-FORMAT_VERSION = 2  # the newest manifest this reader understands (2: feature drafts)
+FORMAT_VERSION = 3  # the newest manifest this reader understands (2: feature drafts, 3: concat)
 PREFILL_CHUNK = 128  # prompt tokens per pass
 NGRAM_MAX, NGRAM_MIN, LOOKAHEAD = 3, 1, 64  # the n-gram drafter's parameters
 HYBRID_MIN_MATCH = 2  # a hybrid uses its lookup when the match continues for at least this many
 NP = {"float32": np.float32, "float16": np.float16}
+MIN_HOLES, ROOM = 32, 256  # a concat cache: holes kept before compacting; slots beyond capacity
 
 
 # Where each op library a manifest may name is built (op_libraries: name -> shared library);
@@ -67,6 +68,7 @@ class Model:
         )
         self.inputs = {i.name for i in self.session.get_inputs()}
         self.gqa = spec.get("attention", "plain") == "gqa"
+        self.concat = spec.get("attention", "plain") == "concat"  # imported: past + new out
         layers, heads, dim = spec["num_layers"], spec["kv_heads"], spec["head_dim"]
         shape = (1, heads, capacity, dim) if self.gqa else (1, capacity, heads, dim)
         self.dtype = NP[spec["dtype"]]
@@ -74,15 +76,59 @@ class Model:
         self.values = [np.zeros(shape, self.dtype) for _ in range(layers)]
         self.capacity = capacity
         self.vocab = spec["vocab_size"]
-        self.n = 0
+        self._n = 0
+        if self.concat:  # the slots computed so far (holes too), each valid position's slot
+            self.keys = [np.zeros((1, heads, 0, dim), self.dtype) for _ in range(layers)]
+            self.values = [np.zeros((1, heads, 0, dim), self.dtype) for _ in range(layers)]
+            self.mask: list[int] = []
+            self.slot_of: list[int] = []
         outputs = {o["name"]: o for o in spec["outputs"]}
         # a target's features output / a feature head's hidden_out: [batch, seq, width]
         self.extra = {k: outputs[k]["shape"][2] for k in ("features", "hidden_out") if k in outputs}
         self.last: dict[str, np.ndarray] = {}  # those outputs of the last pass, [s, width]
 
+    @property
+    def n(self) -> int:
+        return self._n
+
+    @n.setter
+    def n(self, value: int) -> None:
+        if self.concat:  # rolled-back positions stay as holes, masked out
+            for slot in self.slot_of[value : self._n]:
+                self.mask[slot] = 0
+            del self.slot_of[value:]
+        self._n = value
+
+    def concat_forward(self, tokens: list[int]) -> np.ndarray:
+        """An imported graph's pass: past = the slots so far, present = past + new."""
+        s, n = len(tokens), self.n
+        if len(self.mask) - n > max(MIN_HOLES, n // 4) or len(self.mask) + s > self.capacity + ROOM:
+            keep = np.array(self.slot_of, dtype=np.int64)  # compact: the valid slots, in order
+            self.keys = [np.ascontiguousarray(k[:, :, keep]) for k in self.keys]
+            self.values = [np.ascontiguousarray(v[:, :, keep]) for v in self.values]
+            self.mask, self.slot_of = [1] * n, list(range(n))
+        feed = {
+            "input_ids": np.array([tokens], dtype=np.int64),
+            "attention_mask": np.array([self.mask + [1] * s], dtype=np.int64),
+        }
+        if "position_ids" in self.inputs:
+            feed["position_ids"] = np.arange(n, n + s, dtype=np.int64)[None]
+        names = ["logits"]
+        for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
+            feed[f"past_key_values.{i}.key"], feed[f"past_key_values.{i}.value"] = k, v
+            names += [f"present.{i}.key", f"present.{i}.value"]
+        out = self.session.run(names, feed)
+        self.keys, self.values = out[1::2], out[2::2]
+        self.slot_of += range(len(self.mask), len(self.mask) + s)
+        self.mask += [1] * s
+        self._n = n + s
+        return out[0][0]
+
     def forward(self, tokens: list[int], inputs: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """Score `tokens` at positions n .. n + s - 1; returns logits [s, vocab]; n += s.
         inputs: a feature head's features, hidden and from_target ([s, width] each)."""
+        if self.concat:
+            return self.concat_forward(tokens)
         s, n = len(tokens), self.n
         assert s >= 1 and n + s <= self.capacity
         io = self.session.io_binding()
@@ -114,7 +160,7 @@ class Model:
         logits = np.empty((1, s, self.vocab), np.float32)  # bound by name: order does not matter
         io.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         self.session.run_with_iobinding(io)
-        self.n = n + s
+        self._n = n + s
         self.last = {k: v[0] for k, v in self.last.items()}
         return logits[0]
 

@@ -193,3 +193,30 @@ def test_the_cli_imports_with_the_runtime_alone_and_exits_2_on_bad_input(
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert bad.returncode == 2 and "is not a folder" in bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("drafter", "k", "sampling"),
+    [("draft", 3, None), ("ngram+draft", 4, None), ("suffix", 5, None), ("draft", 3, "seeded")],
+)
+def test_the_reference_consumer_reproduces_specx_on_an_imported_pair(
+    pair: Path, drafter: str, k: int, sampling: str | None
+) -> None:
+    """reference/consumer.py, written from docs/artifact-format.md alone, gives specx's tokens and
+    acceptance counts on the concat layout, holes and compactions included."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "reference" / "consumer.py"
+    spec = importlib.util.spec_from_file_location("reference_consumer", path)
+    assert spec is not None and spec.loader is not None
+    consumer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(consumer)
+    params = {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "min_p": 0.0, "seed": 7}
+    options = dict(max_new_tokens=150, k=k, drafter=drafter, cache_scope=None)
+    if sampling:
+        options.update(params)
+    prompt = list(range(5, 40))
+    want = Pipeline.load(pair).generate(prompt, **options)
+    got = consumer.generate(pair, prompt, 150, drafter, k, params if sampling else None)
+    assert got["token_ids"] == want.token_ids
+    assert (got["proposed"], got["accepted"]) == (want.stats.proposed, want.stats.accepted)
