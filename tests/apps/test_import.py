@@ -220,3 +220,27 @@ def test_the_reference_consumer_reproduces_specx_on_an_imported_pair(
     got = consumer.generate(pair, prompt, 150, drafter, k, params if sampling else None)
     assert got["token_ids"] == want.token_ids
     assert (got["proposed"], got["accepted"]) == (want.stats.proposed, want.stats.accepted)
+
+
+def test_libspecx_gives_the_python_runtimes_ids_and_counts_on_an_imported_pair(pair: Path) -> None:
+    """The C library runs the concat layout too (holes, compactions), token for token."""
+    from libspecx_tools import K_AUTO, Library
+
+    model = Library().load(pair)
+    pipeline = Pipeline.load(pair)
+    try:
+        for prompt in ([5, 9, 12], list(range(5, 45))):
+            for name in model.drafters:
+                for k in [0] if name == "none" else [1, 4, K_AUTO]:
+                    got = model.generate(prompt, 120, k, name)
+                    py_k = "auto" if k == K_AUTO else k
+                    want = pipeline.generate(prompt, k=py_k, drafter=name, max_new_tokens=120)
+                    where = f"{name}, K={py_k}, prompt of {len(prompt)}"
+                    assert got.tokens == want.token_ids, where
+                    if k != K_AUTO:
+                        stats = want.stats
+                        assert got.stats["target_passes"] == stats.target_passes, where
+                        assert got.stats["accepted"] == stats.accepted, where
+                        assert got.stats["proposed"] == stats.proposed, where
+    finally:
+        model.close()

@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
@@ -199,10 +200,24 @@ Runner::Runner(Graph& graph, int64_t capacity)
   if (capacity > s.max_length)
     throw invalid("a cache of " + std::to_string(capacity) + " positions exceeds the " +
                   std::to_string(s.max_length) + " " + s.graph + " was exported for");
-  layer_elems_ = capacity * s.kv_heads * s.head_dim;
+  const int64_t slots = s.concat() ? capacity + kConcatRoom : capacity;
+  if (s.concat()) {
+    if (graph.memory()->info().GetDeviceType() != OrtMemoryInfoDeviceType_CPU)
+      throw Failure(SPECX_PROVIDER, s.graph + " is an imported graph (concat layout), which "
+                                        "libspecx runs on the CPU only; use the \"cpu\" provider");
+    slot_capacity_ = slots;
+    mask_.assign(size_t(slots), 0);
+    slot_of_.assign(size_t(capacity), 0);
+  }
+  layer_elems_ = slots * s.kv_heads * s.head_dim;
   for (int layer = 0; layer < s.num_layers; ++layer) {
-    keys_.push_back(std::make_unique<DeviceBuffer>(graph.memory(), size_t(layer_elems_) * elem_bytes_));
-    values_.push_back(std::make_unique<DeviceBuffer>(graph.memory(), size_t(layer_elems_) * elem_bytes_));
+    const size_t bytes = size_t(layer_elems_) * elem_bytes_;
+    keys_.push_back(std::make_unique<DeviceBuffer>(graph.memory(), bytes));
+    values_.push_back(std::make_unique<DeviceBuffer>(graph.memory(), bytes));
+    if (s.concat()) {
+      keys2_.push_back(std::make_unique<DeviceBuffer>(graph.memory(), bytes));
+      values2_.push_back(std::make_unique<DeviceBuffer>(graph.memory(), bytes));
+    }
   }
   logits_.resize(size_t(kMaxChunk) * size_t(s.vocab_size));
   tokens_.assign(size_t(capacity), -1);
@@ -215,7 +230,66 @@ void Runner::truncate(int64_t length) {
   if (length < 0 || length > length_)
     throw invalid("cannot truncate a cache of " + std::to_string(length_) + " to " +
                   std::to_string(length));
+  if (graph_.spec().concat())  // the rolled-back slots stay, masked out
+    for (int64_t p = length; p < length_; ++p) mask_[size_t(slot_of_[size_t(p)])] = 0;
   length_ = length;
+}
+
+uint8_t* Runner::buffer(int set, int layer, int kv) const {
+  const auto& list = set == 0 ? (kv == 0 ? keys_ : values_) : (kv == 0 ? keys2_ : values2_);
+  return static_cast<uint8_t*>(list[size_t(layer)]->data());
+}
+
+// The valid slots, in order, to the start of the other set, which becomes the front: no holes.
+void Runner::compact() {
+  const ModelSpec& s = graph_.spec();
+  const size_t row = size_t(s.head_dim) * elem_bytes_;  // one head's slot
+  for (int layer = 0; layer < s.num_layers; ++layer) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const uint8_t* from = buffer(front_, layer, kv);
+      uint8_t* to = buffer(1 - front_, layer, kv);
+      for (int64_t h = 0; h < s.kv_heads; ++h)
+        for (int64_t i = 0; i < length_; ++i)
+          std::memcpy(to + size_t(h * length_ + i) * row,
+                      from + size_t(h * slots_ + slot_of_[size_t(i)]) * row, row);
+    }
+  }
+  front_ = 1 - front_;
+  slots_ = length_;
+  std::fill(mask_.begin(), mask_.end(), 0);
+  std::fill(mask_.begin(), mask_.begin() + length_, 1);
+  for (int64_t i = 0; i < length_; ++i) slot_of_[size_t(i)] = i;
+  ++compactions_;
+}
+
+// An imported graph's pass: past = the front set's slots [1, H, slots, D], present = past + new
+// into the other set; attention_mask 1 for each valid slot and the new ones.
+void Runner::bind_concat(int64_t seq) {
+  const ModelSpec& s = graph_.spec();
+  if (slots_ + seq > slot_capacity_ || slots_ - length_ > std::max(kMinHoles, length_ / 4))
+    compact();
+  std::fill(mask_.begin() + slots_, mask_.begin() + slots_ + seq, 1);
+  std::array<int64_t, 2> mask_shape{1, slots_ + seq};
+  io_.BindInput("attention_mask", Ort::Value::CreateTensor<int64_t>(
+                                      cpu_, mask_.data(), size_t(slots_ + seq), mask_shape.data(), 2));
+  ONNXTensorElementDataType type = elem_bytes_ == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16
+                                                    : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  std::array<int64_t, 4> past{1, s.kv_heads, slots_, s.head_dim};
+  std::array<int64_t, 4> present{1, s.kv_heads, slots_ + seq, s.head_dim};
+  const size_t slot_bytes = size_t(s.kv_heads * s.head_dim) * elem_bytes_;
+  const Ort::MemoryInfo& where = graph_.memory()->info();
+  for (int layer = 0; layer < s.num_layers; ++layer) {
+    const std::string n = std::to_string(layer);
+    for (int kv = 0; kv < 2; ++kv) {
+      const std::string what = kv == 0 ? ".key" : ".value";
+      io_.BindInput(("past_key_values." + n + what).c_str(),
+                    Ort::Value::CreateTensor(where, buffer(front_, layer, kv), size_t(slots_) * slot_bytes,
+                                             past.data(), 4, type));
+      io_.BindOutput(("present." + n + what).c_str(),
+                     Ort::Value::CreateTensor(where, buffer(1 - front_, layer, kv),
+                                              size_t(slots_ + seq) * slot_bytes, present.data(), 4, type));
+    }
+  }
 }
 
 int64_t Runner::shared_prefix(const int64_t* prompt, int64_t n,
@@ -290,7 +364,10 @@ const float* Runner::forward(const int64_t* tokens, int64_t seq) {
     positions_[0] = past;  // write_indices: the row's length before this pass
     io_.BindInput("write_indices", Ort::Value::CreateTensor<int64_t>(cpu_, positions_.data(), 1, one.data(), 1));
   }
-  bind_cache(past, seq);
+  if (s.concat())
+    bind_concat(seq);
+  else
+    bind_cache(past, seq);
   std::array<int64_t, 3> out{1, seq, s.vocab_size};
   io_.BindOutput("logits", Ort::Value::CreateTensor<float>(cpu_, logits_.data(), size_t(seq * s.vocab_size),
                                                            out.data(), 3));
@@ -305,6 +382,11 @@ const float* Runner::forward(const int64_t* tokens, int64_t seq) {
     throw Failure(SPECX_RUNTIME, "onnxruntime failed in a pass of " + s.graph + ": " + e.what());
   }
   std::copy(tokens, tokens + seq, tokens_.begin() + past);
+  if (s.concat()) {  // the other set now holds the slots; the new positions' slots follow
+    front_ = 1 - front_;
+    for (int64_t i = 0; i < seq; ++i) slot_of_[size_t(past + i)] = slots_ + i;
+    slots_ += seq;
+  }
   length_ += seq;
   ++passes_;
   return logits_.data();

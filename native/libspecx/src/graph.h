@@ -9,6 +9,9 @@
 //   plain graphs   past = the valid prefix of each buffer, new = the slots right after it
 //   gqa graphs     past and present = the same full buffer; seqlens_k and
 //                  total_sequence_length say what is valid
+//   concat graphs  (imported: present = past + new) two buffer sets in turn, past from the set
+//                  the last pass wrote; rolled-back slots stay as holes attention_mask masks,
+//                  compacted once they pass a quarter of the valid positions (concat_cache.py)
 #pragma once
 
 #include <cstdint>
@@ -25,6 +28,8 @@
 namespace specx {
 
 constexpr int kMaxChunk = 128;  // prompt tokens per pass (backends/base.py's DEFAULT_CHUNK)
+constexpr int64_t kMinHoles = 32;  // a concat cache's holes kept before compacting (MIN_HOLES)
+constexpr int64_t kConcatRoom = 2 * kMaxChunk;  // its slots beyond the capacity (CONCAT_ROOM)
 
 struct SessionConfig {
   int threads = 0;
@@ -62,6 +67,7 @@ class Runner {
   int64_t vocab_size() const { return graph_.spec().vocab_size; }
   void truncate(int64_t length);  // rollback: the length is the only truth
   int64_t passes() const { return passes_; }
+  int64_t compactions() const { return compactions_; }
   // How many leading tokens of prompt[0, n) the cache holds for `scope` (0 for another scope,
   // or none).
   int64_t shared_prefix(const int64_t* prompt, int64_t n, const std::optional<std::string>& scope) const;
@@ -76,6 +82,9 @@ class Runner {
 
  private:
   void bind_cache(int64_t past, int64_t seq);
+  void bind_concat(int64_t seq);
+  void compact();
+  uint8_t* buffer(int set, int layer, int kv) const;
   Graph& graph_;
   int64_t capacity_;
   int64_t length_ = 0;
@@ -92,6 +101,12 @@ class Runner {
   Ort::IoBinding io_;
   Ort::MemoryInfo cpu_;  // ids, positions, logits: always host memory
   bool cache_bound_ = false;
+  // concat graphs: the second buffer set, which set holds the slots, the slots computed so far
+  // (holes included), which are valid, and each valid position's slot
+  std::vector<std::unique_ptr<DeviceBuffer>> keys2_, values2_;
+  int front_ = 0;
+  int64_t slots_ = 0, slot_capacity_ = 0, compactions_ = 0;
+  std::vector<int64_t> mask_, slot_of_;
 };
 
 }  // namespace specx

@@ -49,6 +49,13 @@ bool plain_file_name(const std::string& name) {
          name.find('/') == std::string::npos && name.find('\\') == std::string::npos;
 }
 
+// A graph: a plain file name, or one folder and a name (an imported graph keeps its folder).
+bool graph_path(const std::string& path) {
+  const size_t slash = path.find('/');
+  if (slash == std::string::npos) return plain_file_name(path);
+  return plain_file_name(path.substr(0, slash)) && plain_file_name(path.substr(slash + 1));
+}
+
 std::vector<TensorSpec> tensors(const Reader& r, const Value& model, const std::string& key) {
   const Value& list = r.need(model, key);
   if (!list.is_array()) r.bad("'" + key + "' must be a list");
@@ -74,7 +81,8 @@ ModelSpec model_spec(const Value& data, const std::string& where) {
   m.role = r.text(data, "role");
   m.name = r.text_or(data, "name", m.role);
   m.graph = r.text(data, "graph");
-  if (!plain_file_name(m.graph)) r.bad("graph '" + m.graph + "' is not a plain file name");
+  if (!graph_path(m.graph))
+    r.bad("graph '" + m.graph + "' is not a file name (or one folder and a file name)");
   m.architecture = r.text(data, "architecture");
   m.num_layers = int(r.integer(data, "num_layers", 1, 4096));
   m.num_heads = int(r.integer(data, "num_heads", 1, 4096));
@@ -87,7 +95,8 @@ ModelSpec model_spec(const Value& data, const std::string& where) {
   if (m.dtype != "float32" && m.dtype != "float16") r.bad("dtype '" + m.dtype + "'");
   m.variant = r.text_or(data, "variant", "fp32");
   m.attention = r.text_or(data, "attention", "plain");
-  if (m.attention != "plain" && m.attention != "gqa" && m.attention != "batched")
+  if (m.attention != "plain" && m.attention != "gqa" && m.attention != "batched" &&
+      m.attention != "concat")
     r.bad("attention '" + m.attention + "'");
   if (m.num_heads % m.kv_heads) r.bad("kv_heads does not divide num_heads");
   if (const Value* bytes = data.find("weight_bytes"); bytes != nullptr && !bytes->is_null())

@@ -8,7 +8,7 @@
 
 namespace specx {
 
-constexpr int kFormatVersion = 2;  // the newest format this library reads (contract.py's)
+constexpr int kFormatVersion = 3;  // the newest format this library reads (contract.py's)
 
 struct TensorSpec {
   std::string name;
@@ -34,6 +34,7 @@ struct ModelSpec {
 
   bool has_input(const std::string& n) const;
   bool full_buffer() const { return attention == "gqa" || attention == "batched"; }
+  bool concat() const { return attention == "concat"; }  // imported: present = past + new
 };
 
 struct Manifest {
