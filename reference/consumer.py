@@ -3,7 +3,7 @@
 It imports nothing from specx: numpy, onnxruntime and tokenizers only, as a service in another
 language would use their equivalents. It runs the target alone, a model draft, a feature draft
 (EAGLE-style head reading the target's features), n-gram lookup, suffix drafting over the
-context and the hybrids, on gqa, plain and imported (concat)
+context and the hybrids, on gqa, plain and imported (concat, genai)
 graphs, greedy or with drafter-invariant sampling, and reproduces
 specx's token ids (tests/runtime/test_reference_consumer.py checks that on every graph variant).
 When the format changes, this file and the document change in the same commit.
@@ -67,7 +67,8 @@ class Model:
             str(folder / spec["graph"]), options, providers=["CPUExecutionProvider"]
         )
         self.inputs = {i.name for i in self.session.get_inputs()}
-        self.gqa = spec.get("attention", "plain") == "gqa"
+        self.genai = spec.get("attention", "plain") == "genai"  # imported: gqa, own names
+        self.gqa = spec.get("attention", "plain") == "gqa" or self.genai
         self.concat = spec.get("attention", "plain") == "concat"  # imported: past + new out
         layers, heads, dim = spec["num_layers"], spec["kv_heads"], spec["head_dim"]
         shape = (1, heads, capacity, dim) if self.gqa else (1, capacity, heads, dim)
@@ -141,7 +142,9 @@ class Model:
             io.bind_output(name, "cpu", 0, np.float32, list(buf.shape), buf.ctypes.data)
         if "position_ids" in self.inputs:
             io.bind_cpu_input("position_ids", np.arange(n, n + s, dtype=np.int64)[None])
-        if self.gqa:
+        if self.genai:  # its op derives lengths and positions from an all-ones mask
+            io.bind_cpu_input("attention_mask", np.ones((1, n + s), dtype=np.int64))
+        elif self.gqa:
             io.bind_cpu_input("seqlens_k", np.array([n + s - 1], dtype=np.int32))
             io.bind_cpu_input("total_sequence_length", np.array(n + s, dtype=np.int32))
         item = np.dtype(self.dtype).itemsize
@@ -149,7 +152,11 @@ class Model:
         for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
             for kind, buf in (("key", k), ("value", v)):
                 base = buf.ctypes.data
-                if self.gqa:  # past and present: the whole buffer, both ways
+                if self.genai:  # as gqa, under the builder's names
+                    past = f"past_key_values.{i}.{kind}"
+                    io.bind_input(past, "cpu", 0, self.dtype, buf.shape, base)
+                    io.bind_output(f"present.{i}.{kind}", "cpu", 0, self.dtype, buf.shape, base)
+                elif self.gqa:  # past and present: the whole buffer, both ways
                     io.bind_input(f"past_{kind}.{i}", "cpu", 0, self.dtype, buf.shape, base)
                     io.bind_output(f"present_{kind}.{i}", "cpu", 0, self.dtype, buf.shape, base)
                 else:  # past: the first n positions; new: the s slots right after them

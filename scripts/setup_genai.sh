@@ -6,6 +6,8 @@
 #   scripts/setup_genai.sh [MODEL]
 #     MODEL  smollm2     SmolLM2-135M-Instruct: an fp32 target and an int4 draft (default)
 #            qwen-coder  Qwen2.5-Coder-1.5B-Instruct int4 target, 0.5B int4 draft
+#            env         the environment only: print its python (the `specx import` tests run
+#                        GenAI's builder from it on tiny models, tests/genai_models.py)
 #     SPECX_GENAI_VENV     the environment (default .venv-genai at the repository root)
 #     SPECX_CACHE          cache root (default ~/.cache/specx)
 #
@@ -24,6 +26,7 @@ OUT="$CACHE/genai/$MODEL"
 PY="$VENV/bin/python"
 
 case "$MODEL" in
+  env) ;;
   smollm2)
     TARGET_GGUF="$(SPECX_CACHE="$CACHE" "$ROOT/scripts/fetch_smollm2.sh")"
     DRAFT_GGUF="$TARGET_GGUF"  # the int4 draft is the same weights, quantized by the builder
@@ -42,10 +45,14 @@ fi
 PIP=("$PY" -m pip --disable-pip-version-check -q)
 if ! "$PY" -c "import onnxruntime_genai, onnx_ir, onnx, transformers, torch" 2>/dev/null; then
   # torch pinned: its CPU wheel lies on local disk; an open range pulls a multi-GB CUDA build.
-  "${PIP[@]}" install "torch==2.13.0"
-  "${PIP[@]}" install onnxruntime-genai onnx onnx_ir transformers numpy
+  "${PIP[@]}" install "torch==2.13.0" >&2
+  "${PIP[@]}" install onnxruntime-genai onnx onnx_ir transformers numpy >&2
 fi
 "$PY" -c "import onnxruntime_genai as og, onnxruntime as ort; print('onnxruntime-genai', og.__version__, '/ onnxruntime', ort.__version__)" >&2
+if [ "$MODEL" = env ]; then
+  echo "$PY"
+  exit 0
+fi
 
 # hf_folder GGUF: a plain Hugging Face folder of the GGUF's weights (float32), made once.
 hf_folder() {

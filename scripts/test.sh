@@ -34,10 +34,15 @@ if [ -z "${SPECX_SKIP_TRITON:-}" ]; then
   export SPECX_TRITONSERVER SPECX_TRITON_PYTHON
 fi
 # Hugging Face Optimum's exporter in its own environment: the folders `specx import` is tested on
-# are made by the real tool; set SPECX_SKIP_OPTIMUM=1 to skip those tests.
+# are made by the real tools; set SPECX_SKIP_OPTIMUM=1 to skip those tests,
 if [ -z "${SPECX_SKIP_OPTIMUM:-}" ]; then
   SPECX_OPTIMUM_PYTHON="$("$ROOT/scripts/setup_optimum.sh")"
   export SPECX_OPTIMUM_PYTHON
+fi
+# and ONNX Runtime GenAI's model builder (its own environment too); SPECX_SKIP_GENAI=1 skips.
+if [ -z "${SPECX_SKIP_GENAI:-}" ]; then
+  SPECX_GENAI_PYTHON="$("$ROOT/scripts/setup_genai.sh" env)"
+  export SPECX_GENAI_PYTHON
 fi
 echo "== ruff" >&2
 ruff check .

@@ -78,7 +78,7 @@ def _link_or_copy(source: Source, into: Path, copy: bool) -> None:
 def _special_tokens(source: Source) -> SpecialTokens:
     config = dict(source.config)
     generation = source.folder / "generation_config.json"
-    if generation.is_file():
+    if generation.is_file() and source.attention == "concat":
         try:
             config |= {k: v for k, v in json.loads(generation.read_text()).items() if v is not None}
         except (OSError, ValueError) as e:
@@ -138,7 +138,7 @@ def _spec(source: Source, role: str, name: str, options: ImportOptions) -> Model
         inputs=source.inputs,
         outputs=source.outputs,
         variant=source.variant,
-        attention="concat",
+        attention=source.attention,
     )
 
 
@@ -236,7 +236,7 @@ def _record(sources: list[tuple[str, str, Source]], options: ImportOptions) -> d
     return {
         "tool": "specx import",
         "specx": version("specx"),
-        "layout": "optimum",
+        "layouts": {name: src.attention for _, name, src in sources},
         "graphs": "copied" if options.copy else "linked",
         "sources": {name: str(src.graph.resolve()) for _, name, src in sources},
         "options": {"max_length": options.max_length, "check_k": options.check_k},

@@ -1,11 +1,15 @@
 """Which decoder layout a folder holds, read from the graph itself (ONNX Runtime's view of its
 inputs and outputs), and the model facts its config.json gives.
 
-Held: Hugging Face Optimum 1.14+ / onnx-community (`past_key_values.{i}.key` in, `present.{i}.key`
-= past + new out, attention_mask over past + new, logits for every new position): the "concat"
-attention of runtime/artifact/contract.py. Refused with what to do instead: graphs without a
-cache, with the sequence fixed at one token (Optimum 1.13 and older), returning only the last
-position's logits, ONNX Runtime GenAI's builder folders (genai_config.json).
+Held (runtime/artifact/contract.py's imported attentions):
+- "concat": Hugging Face Optimum 1.14+ / onnx-community (`past_key_values.{i}.key` in,
+  `present.{i}.key` = past + new out, attention_mask over past + new, logits for every new
+  position);
+- "genai": ONNX Runtime GenAI's model builder (genai_config.json; GroupQueryAttention reading
+  and writing one buffer shared by past and present, `past_present_share_buffer`).
+Refused with what to do instead: graphs without a cache, with the sequence fixed at one token
+(Optimum 1.13 and older), returning only the last position's logits, GenAI graphs that do not
+share their buffers.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class Source:
     tokenizer: Path
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    attention: str  # "concat" or "genai"
     num_layers: int
     kv_heads: int
     head_dim: int
@@ -118,14 +123,15 @@ def recognise(folder: Path, variant: str | None = None) -> Source:
     """Read `folder` as a decoder to import; refuse what the runtime cannot run, saying why."""
     if not folder.is_dir():
         raise InputError(f"{folder} is not a folder", "pass the folder the graph was exported to")
-    if (folder / "genai_config.json").is_file():
-        raise InputError(
-            f"{folder} is an ONNX Runtime GenAI model builder folder (genai_config.json): "
-            "specx import reads Hugging Face Optimum / onnx-community decoders",
-            REEXPORT,
-        )
-    graph, picked = _graph_of(folder, variant)
-    config = _config(folder, graph)
+    genai = _genai_config(folder)
+    if genai is not None:
+        graph, picked = folder / str(genai["decoder"].get("filename", "model.onnx")), "genai"
+        if not graph.is_file():
+            raise InputError(f"{folder}: genai_config.json names {graph.name}, which is missing")
+        config = genai["config"]
+    else:
+        graph, picked = _graph_of(folder, variant)
+        config = _config(folder, graph)
     try:
         session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph/... types
@@ -134,18 +140,64 @@ def recognise(folder: Path, variant: str | None = None) -> Source:
             "check that the graph and its external-data files are complete",
         ) from e
     inputs, outputs = _specs(session.get_inputs()), _specs(session.get_outputs())
-    layers, kv_heads, head_dim, dtype = _cache_shape(graph, inputs, outputs)
+    head_dim = int(config["head_dim"]) if genai is not None else None
+    layers, kv_heads, head_dim, dtype = _cache_shape(graph, inputs, head_dim)
     _check_io(graph, inputs, outputs, layers)
+    attention = "genai" if genai is not None else "concat"
     return Source(
         folder, graph, (graph, *_data_files(graph)), picked, config, _tokenizer(folder, graph),
-        inputs, outputs, layers, kv_heads, head_dim, dtype,
+        inputs, outputs, attention, layers, kv_heads, head_dim, dtype,
     )  # fmt: skip
 
 
+def _genai_config(folder: Path) -> dict[str, Any] | None:
+    """A GenAI builder folder's decoder record and the model facts it gives (as config.json's
+    keys), or None for another folder; refused where the graph does not share past and present
+    or names its tensors otherwise."""
+    where = folder / "genai_config.json"
+    if not where.is_file():
+        return None
+    try:
+        data = json.loads(where.read_text())
+        model, decoder = data["model"], data["model"]["decoder"]
+        shared = bool(data.get("search", {}).get("past_present_share_buffer", False))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"cannot read {where}: {e}") from e
+    if not shared:
+        raise InputError(
+            f"{folder}: its graph returns past + new without sharing one buffer "
+            "(past_present_share_buffer false), which its GroupQueryAttention cannot roll back",
+            "build it with ONNX Runtime GenAI's builder for the CPU (it shares the buffer), or "
+            + REEXPORT,
+        )
+    names = {**decoder.get("inputs", {}), **decoder.get("outputs", {})}
+    want = {"past_key_names": "past_key_values.%d.key", "present_key_names": "present.%d.key",
+            "past_value_names": "past_key_values.%d.value",
+            "present_value_names": "present.%d.value"}  # fmt: skip
+    for key, name in want.items():
+        if names.get(key, name) != name:
+            raise InputError(f"{where}: {key} is {names[key]!r}, not {name!r}", REEXPORT)
+    config = {
+        "model_type": model.get("type", "unknown"),
+        "num_hidden_layers": decoder.get("num_hidden_layers"),
+        "num_attention_heads": decoder.get("num_attention_heads"),
+        "num_key_value_heads": decoder.get("num_key_value_heads"),
+        "head_dim": decoder.get("head_size"),
+        "hidden_size": decoder.get("hidden_size"),
+        "vocab_size": model.get("vocab_size"),
+        "max_position_embeddings": model.get("context_length"),
+        "bos_token_id": model.get("bos_token_id"),
+        "eos_token_id": model.get("eos_token_id"),
+        "pad_token_id": model.get("pad_token_id"),
+    }
+    return {"decoder": decoder, "config": {k: v for k, v in config.items() if v is not None}}
+
+
 def _cache_shape(
-    graph: Path, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]
+    graph: Path, inputs: tuple[TensorSpec, ...], head_dim: int | None
 ) -> tuple[int, int, int, str]:
-    """(layers, kv heads, head dim, cache dtype) from the past_key_values inputs."""
+    """(layers, kv heads, head dim, cache dtype) from the past_key_values inputs (head_dim:
+    where the graph leaves it symbolic, as GenAI's does)."""
     by_name = {t.name: t for t in inputs}
     layers = 0
     while contract.concat_past(layers, "key") in by_name:
@@ -157,6 +209,8 @@ def _cache_shape(
             REEXPORT,
         )
     first = by_name[contract.concat_past(0, "key")]
+    if len(first.shape) == 4 and head_dim is not None:
+        first = TensorSpec(first.name, first.dtype, (*first.shape[:3], head_dim))
     if len(first.shape) != 4 or not all(isinstance(d, int) for d in first.shape[1::2]):
         raise InputError(
             f"{graph.name}: past_key_values.0.key is {list(first.shape)}, not [batch, kv_heads, "

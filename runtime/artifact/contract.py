@@ -48,6 +48,13 @@ onnx-community / transformers.js folders publish). The graph returns past + new 
   carry the logical positions, so a hole changes nothing the graph computes; when the holes
   and positions would outgrow the buffers, the valid slots are compacted once.
 
+"genai" (imported: ONNX Runtime GenAI's model builder, its past_present_share_buffer mode).
+GroupQueryAttention inside, positions and valid lengths derived from the mask:
+    inputs   attention_mask           int64 [batch, past_len + seq]   all ones
+             past_key_values.{i}.key, .value      [batch, kv_heads, cache_len, head_dim]
+    outputs  present.{i}.key, present.{i}.value   [batch, kv_heads, cache_len, head_dim]
+  As gqa: `past` and `present` bound to the same full-capacity buffer, written in place.
+
 In all, rolling back after a rejected draft is just a smaller length (or a mask): nothing is
 copied.
 
@@ -113,7 +120,7 @@ TOTAL = "past_len + seq"
 SEQLENS_K = "seqlens_k"
 TOTAL_SEQUENCE_LENGTH = "total_sequence_length"
 
-ATTENTIONS = ("plain", "gqa", "batched", "concat")
+ATTENTIONS = ("plain", "gqa", "batched", "concat", "genai")
 # Cache layouts. plain: the position axis right after batch, so that for batch 1 the first
 # `past_len` positions of a buffer are a contiguous prefix that binds as `past` without a copy.
 # gqa: heads before positions, the layout GroupQueryAttention reads and writes in place.
@@ -122,9 +129,12 @@ CACHE_LAYOUTS = {
     "gqa": ("batch", "kv_head", "position", "head_dim"),
     "batched": ("batch", "kv_head", "position", "head_dim"),
     "concat": ("batch", "kv_head", "position", "head_dim"),
+    "genai": ("batch", "kv_head", "position", "head_dim"),
 }
 # Attention variants whose graphs read and write one full-capacity buffer per tensor.
-FULL_BUFFER = ("gqa", "batched")
+FULL_BUFFER = ("gqa", "batched", "genai")
+# Imported graphs: the cache tensors keep their exporter's names (past_key_values.{i}.key).
+IMPORTED = ("concat", "genai")
 
 DTYPES = ("float32", "float16")
 
@@ -134,7 +144,7 @@ def format_version_for(
 ) -> int:
     """The oldest format that describes an artifact with these drafts (and target)."""
     models = [*drafts, *([target] if target is not None else [])]
-    if any(m.attention == "concat" for m in models):
+    if any(m.attention in IMPORTED for m in models):
         return IMPORTED_VERSION
     return FEATURE_DRAFTS_VERSION if any(d.head is not None for d in drafts) else 1
 
@@ -229,9 +239,9 @@ def graph_inputs(
 ) -> tuple[TensorSpec, ...]:
     """head: (feature_size, hidden_size) for a feature draft's graph, else None."""
     specs = [TensorSpec(INPUT_IDS, "int64", (BATCH, SEQ))]
-    if attention == "concat":
+    if attention in IMPORTED:
         specs.append(TensorSpec(ATTENTION_MASK, "int64", (BATCH, TOTAL)))
-    if attention not in ("gqa", "concat") or position_ids:
+    if attention not in ("gqa", *IMPORTED) or position_ids:
         specs.append(TensorSpec(POSITION_IDS, "int64", (BATCH, SEQ)))
     if head is not None:
         specs.append(TensorSpec(FEATURES, "float32", (BATCH, SEQ, head[0])))
@@ -242,10 +252,11 @@ def graph_inputs(
         specs.append(TensorSpec(TOTAL_SEQUENCE_LENGTH, "int32", ()))
     if attention == "batched":
         specs.append(TensorSpec(WRITE_INDICES, "int64", (BATCH,)))
-    if attention == "concat":
+    if attention in IMPORTED:
+        length = PAST if attention == "concat" else CACHE_LEN
         for i in range(num_layers):
             for kind in ("key", "value"):
-                past: tuple[int | str, ...] = (BATCH, kv_heads, PAST, head_dim)
+                past: tuple[int | str, ...] = (BATCH, kv_heads, length, head_dim)
                 specs.append(TensorSpec(concat_past(i, kind), cache_dtype, past))
         return tuple(specs)
     if attention in FULL_BUFFER:
@@ -276,9 +287,10 @@ def graph_outputs(
     if head_hidden:
         specs.append(TensorSpec(HIDDEN_OUT, "float32", (BATCH, SEQ, head_hidden)))
     for i in range(num_layers):
-        if attention == "concat":
+        if attention in IMPORTED:
+            length = TOTAL if attention == "concat" else CACHE_LEN
             for kind in ("key", "value"):
-                shape: tuple[int | str, ...] = (BATCH, kv_heads, TOTAL, head_dim)
+                shape: tuple[int | str, ...] = (BATCH, kv_heads, length, head_dim)
                 specs.append(TensorSpec(concat_present(i, kind), cache_dtype, shape))
         elif attention in FULL_BUFFER:
             shape = (BATCH, kv_heads, CACHE_LEN, head_dim)
@@ -315,7 +327,8 @@ class ModelSpec:
     parity: dict[str, Any] = field(default_factory=dict)
     variant: str = "fp32"  # its weights: "fp32", "fp16", "int8", "int4" ("plain": old fp32)
     attention: str = "plain"  # "plain" (standard ONNX, TensorRT), "gqa" (ONNX Runtime),
-    # "batched" (several sequences per pass) or "concat" (imported: Optimum's layout)
+    # "batched" (several sequences per pass), "concat" (imported: Optimum's layout) or "genai"
+    # (imported: ONNX Runtime GenAI's builder)
     operators: tuple[str, ...] = ()  # "domain:OpType" of every node kind; () if not recorded
     feature_layers: tuple[int, ...] = ()  # a target's `features` output taps (): none)
     head: HeadSpec | None = None  # a feature draft's record (None: an ordinary graph)

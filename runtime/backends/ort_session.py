@@ -116,12 +116,10 @@ def bind_cache(
     dev, dev_id, dt = cache.device, cache.device_id, cache.np_dtype
     past_shape = list(cache.shape) if full else [1, past, cache.kv_heads, cache.head_dim]
     new_shape = list(cache.shape) if full else [1, seq, cache.kv_heads, cache.head_dim]
-    out_name = contract.present_key if full else contract.new_key
-    out_value = contract.present_value if full else contract.new_value
     for layer in range(cache.num_layers):
         for name_in, name_out, ptr in (
-            (contract.past_key(layer), out_name(layer), cache.key_ptr),
-            (contract.past_value(layer), out_value(layer), cache.value_ptr),
+            (*_cache_names(cache.layout, layer, "key"), cache.key_ptr),
+            (*_cache_names(cache.layout, layer, "value"), cache.value_ptr),
         ):
             if inputs is None or name_in in inputs:
                 io.bind_input(name_in, dev, dev_id, dt, past_shape, ptr(layer))
@@ -129,6 +127,17 @@ def bind_cache(
                 io.bind_output(
                     name_out, dev, dev_id, dt, new_shape, ptr(layer, 0 if full else past)
                 )
+
+
+def _cache_names(layout: str, layer: int, kind: str) -> tuple[str, str]:
+    """(past input, output) names of one cache tensor in a graph of this attention variant."""
+    if layout in contract.IMPORTED:
+        return contract.concat_past(layer, kind), contract.concat_present(layer, kind)
+    if kind == "key":
+        out = contract.present_key if layout in contract.FULL_BUFFER else contract.new_key
+        return contract.past_key(layer), out(layer)
+    out = contract.present_value if layout in contract.FULL_BUFFER else contract.new_value
+    return contract.past_value(layer), out(layer)
 
 
 class OrtValueBuffer:
@@ -252,6 +261,7 @@ class OrtSession(GraphSession):
         # rows) for forward_rows; None: rebind before the next pass
         self._bound: KVCache | tuple[BatchKVCache, int, int] | None = None
         self._position_ids = spec.uses_position_ids
+        self._ones = np.ones(spec.max_length + max_chunk, np.int64)  # genai: the mask
         self._cache_np_dtype = NP_DTYPES[spec.dtype]
 
     def fork(self) -> OrtSession:
@@ -271,7 +281,7 @@ class OrtSession(GraphSession):
 
     @property
     def pair_id(self) -> str | None:
-        if self.spec.attention == "concat":
+        if self.spec.attention in contract.IMPORTED:
             return None  # an imported graph, never rewritten: the manifest's record is the one
         metadata = self.session.get_modelmeta().custom_metadata_map
         return str(metadata.get(contract.PAIR_ID_KEY, ""))  # "": the graph records no export
@@ -444,6 +454,8 @@ class OrtSession(GraphSession):
         """The lengths say what is valid; the buffers are bound once per cache."""
         if self.spec.attention == "batched":
             io.bind_cpu_input(contract.WRITE_INDICES, np.array([past], dtype=np.int64))
+        elif self.spec.attention == "genai":  # its op derives lengths and positions from this
+            io.bind_cpu_input(contract.ATTENTION_MASK, self._ones[: past + seq][None])
         else:
             io.bind_cpu_input(contract.SEQLENS_K, np.array([past + seq - 1], dtype=np.int32))
             io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, np.array(past + seq, dtype=np.int32))

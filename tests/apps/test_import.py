@@ -143,7 +143,7 @@ def test_bad_inputs_are_refused_before_anything_is_written(
     genai = tmp_path / "genai"
     genai.mkdir()
     (genai / "genai_config.json").write_text("{}")
-    cases.append((genai, [], "GenAI"))
+    cases.append((genai, [], "cannot read"))
     for target, drafts, words in cases:
         with pytest.raises(InputError) as e:
             import_pair(target, drafts, out, ImportOptions(), lambda _: None)

@@ -201,6 +201,7 @@ Runner::Runner(Graph& graph, int64_t capacity)
     throw invalid("a cache of " + std::to_string(capacity) + " positions exceeds the " +
                   std::to_string(s.max_length) + " " + s.graph + " was exported for");
   const int64_t slots = s.concat() ? capacity + kConcatRoom : capacity;
+  if (s.genai()) ones_.assign(size_t(capacity + kMaxChunk), 1);
   if (s.concat()) {
     if (graph.memory()->info().GetDeviceType() != OrtMemoryInfoDeviceType_CPU)
       throw Failure(SPECX_PROVIDER, s.graph + " is an imported graph (concat layout), which "
@@ -328,9 +329,14 @@ void Runner::bind_cache(int64_t past, int64_t seq) {
       auto* base = static_cast<uint8_t*>((kv == 0 ? keys_ : values_)[size_t(layer)]->data());
       const Ort::MemoryInfo& where = graph_.memory()->info();
       const std::string what = kv == 0 ? "key." : "value.";
-      io_.BindInput(("past_" + what + n).c_str(),
+      // names: past_key.N / present_key.N (new_key.N), or an imported graph's own
+      const std::string past_name = s.imported() ? "past_key_values." + n + "." + what.substr(0, what.size() - 1)
+                                                 : "past_" + what + n;
+      const std::string out_name = s.imported() ? "present." + n + "." + what.substr(0, what.size() - 1)
+                                                : (full ? "present_" : "new_") + what + n;
+      io_.BindInput(past_name.c_str(),
                     Ort::Value::CreateTensor(where, base, past_bytes, past_shape.data(), 4, type));
-      io_.BindOutput(((full ? "present_" : "new_") + what + n).c_str(),
+      io_.BindOutput(out_name.c_str(),
                      Ort::Value::CreateTensor(where, base + offset, new_bytes, new_shape.data(), 4, type));
     }
   }
@@ -360,6 +366,10 @@ const float* Runner::forward(const int64_t* tokens, int64_t seq) {
     io_.BindInput("seqlens_k", Ort::Value::CreateTensor<int32_t>(cpu_, &seqlens_k_, 1, one.data(), 1));
     io_.BindInput("total_sequence_length",
                   Ort::Value::CreateTensor<int32_t>(cpu_, &total_length_, 1, nullptr, 0));
+  } else if (s.genai()) {  // its op derives lengths and positions from an all-ones mask
+    std::array<int64_t, 2> mask_shape{1, past + seq};
+    io_.BindInput("attention_mask", Ort::Value::CreateTensor<int64_t>(cpu_, ones_.data(), size_t(past + seq),
+                                                                      mask_shape.data(), 2));
   } else if (s.attention == "batched") {
     positions_[0] = past;  // write_indices: the row's length before this pass
     io_.BindInput("write_indices", Ort::Value::CreateTensor<int64_t>(cpu_, positions_.data(), 1, one.data(), 1));

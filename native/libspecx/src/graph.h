@@ -9,6 +9,7 @@
 //   plain graphs   past = the valid prefix of each buffer, new = the slots right after it
 //   gqa graphs     past and present = the same full buffer; seqlens_k and
 //                  total_sequence_length say what is valid
+//   genai graphs   (imported, GenAI's builder) as gqa, with an all-ones attention_mask
 //   concat graphs  (imported: present = past + new) two buffer sets in turn, past from the set
 //                  the last pass wrote; rolled-back slots stay as holes attention_mask masks,
 //                  compacted once they pass a quarter of the valid positions (concat_cache.py)
@@ -107,6 +108,7 @@ class Runner {
   int front_ = 0;
   int64_t slots_ = 0, slot_capacity_ = 0, compactions_ = 0;
   std::vector<int64_t> mask_, slot_of_;
+  std::vector<int64_t> ones_;  // genai graphs: the attention mask, all ones
 };
 
 }  // namespace specx

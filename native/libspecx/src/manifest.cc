@@ -96,7 +96,7 @@ ModelSpec model_spec(const Value& data, const std::string& where) {
   m.variant = r.text_or(data, "variant", "fp32");
   m.attention = r.text_or(data, "attention", "plain");
   if (m.attention != "plain" && m.attention != "gqa" && m.attention != "batched" &&
-      m.attention != "concat")
+      m.attention != "concat" && m.attention != "genai")
     r.bad("attention '" + m.attention + "'");
   if (m.num_heads % m.kv_heads) r.bad("kv_heads does not divide num_heads");
   if (const Value* bytes = data.find("weight_bytes"); bytes != nullptr && !bytes->is_null())

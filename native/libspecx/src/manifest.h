@@ -33,8 +33,10 @@ struct ModelSpec {
   std::vector<std::string> specx_ops;  // the graph's nodes in the specx domain (its kernels)
 
   bool has_input(const std::string& n) const;
-  bool full_buffer() const { return attention == "gqa" || attention == "batched"; }
+  bool full_buffer() const { return attention == "gqa" || attention == "batched" || genai(); }
   bool concat() const { return attention == "concat"; }  // imported: present = past + new
+  bool genai() const { return attention == "genai"; }  // imported: GenAI's shared buffer
+  bool imported() const { return concat() || genai(); }  // past_key_values.N.key names
 };
 
 struct Manifest {
