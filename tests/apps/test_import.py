@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -244,3 +245,32 @@ def test_libspecx_gives_the_python_runtimes_ids_and_counts_on_an_imported_pair(p
                         assert got.stats["proposed"] == stats.proposed, where
     finally:
         model.close()
+
+
+def test_specx_serve_answers_from_an_imported_pair_and_reuses_its_prompt(pair: Path) -> None:
+    """The second turn of a conversation keeps what the imported graph's cache holds of the first
+    (the truncation to the shared prefix leaves holes) and says so; its text is the same as
+    with reuse off."""
+    from serve_tools import MODEL, client, serving
+    from specx.runtime.prefix import PrefixConfig
+
+    first = [{"role": "user", "content": "def fib(n):"}]
+
+    def conversation(base: str) -> list[Any]:
+        api = client(base)
+        one = api.chat.completions.create(model=MODEL, messages=first, max_tokens=24, temperature=0)
+        later = [*first, {"role": "assistant", "content": one.choices[0].message.content},
+                 {"role": "user", "content": "again"}]  # fmt: skip
+        two = api.chat.completions.create(model=MODEL, messages=later, max_tokens=24, temperature=0)
+        return [one, two]
+
+    with serving(pair) as (base, _server, _pipe):
+        warm = conversation(base)
+    with serving(pair, prefix=PrefixConfig(reuse=False)) as (base, _server, _pipe):
+        cold = conversation(base)
+    # at least the first prompt (a random model's answer need not re-tokenize to its own ids)
+    assert warm[1].usage.prompt_tokens_details.cached_tokens >= warm[0].usage.prompt_tokens - 3
+    assert cold[1].usage.prompt_tokens_details.cached_tokens == 0
+    assert [r.choices[0].message.content for r in warm] == [
+        r.choices[0].message.content for r in cold
+    ]
