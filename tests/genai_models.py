@@ -22,15 +22,17 @@ needs_genai = pytest.mark.skipif(
 )
 
 
-def genai_folder(root: Path, seed: int = 0, noise: float = 0.0, precision: str = "fp32") -> Path:
-    """GenAI's build of a tiny llama (4 heads over 2 kv heads, head size 16) under root;
-    noise: a perturbed copy of the seed's model (a draft that agrees often, not always)."""
+def genai_folder(
+    root: Path, seed: int = 0, noise: float = 0.0, precision: str = "fp32", family: str = "llama"
+) -> Path:
+    """GenAI's build of a tiny model of `family` (4 heads over 2 kv heads, head size 16) under
+    root; noise: a perturbed copy of the seed's model (a draft that agrees often, not always)."""
     from tiny_models import build_model, build_tokenizer, perturbed_copy, save
 
-    name = f"llama-{seed}-{noise}-{precision}"
+    name = f"{family}-{seed}-{noise}-{precision}"
     source, out = root / f"{name}-hf", root / name
     tokenizer = build_tokenizer()
-    model = build_model("llama", tokenizer.get_vocab_size(), seed)
+    model = build_model(family, tokenizer.get_vocab_size(), seed)
     if noise:
         model = perturbed_copy(model, noise, seed + 1)
     save(model, tokenizer, source)

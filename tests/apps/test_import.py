@@ -4,6 +4,7 @@ real tool, tests/optimum_models.py), run speculatively with the runtime alone.""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -274,3 +275,21 @@ def test_specx_serve_answers_from_an_imported_pair_and_reuses_its_prompt(pair: P
     assert [r.choices[0].message.content for r in warm] == [
         r.choices[0].message.content for r in cold
     ]
+
+
+def test_a_variant_is_picked_from_an_onnx_community_folder(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """onnx/model.onnx and onnx/model_<variant>.onnx beside config.json and tokenizer.json (the
+    onnx-community layout): model.onnx by default, another with --variant."""
+    community = tmp_path / "community"
+    (community / "onnx").mkdir(parents=True)
+    for f in ("config.json", "tokenizer.json"):
+        shutil.copy2(folders["target"] / f, community / f)
+    shutil.copy2(folders["target"] / "model.onnx", community / "onnx" / "model.onnx")
+    shutil.copy2(folders["qwen2"] / "model.onnx", community / "onnx" / "model_other.onnx")
+    plain = import_pair(community, [], tmp_path / "a", ImportOptions(), lambda _: None)
+    other = import_pair(community, [], tmp_path / "b", ImportOptions(variant="other"), print)
+    assert (plain.target.variant, plain.target.graph) == ("fp32", "target/model.onnx")
+    assert (other.target.variant, other.target.graph) == ("other", "target/model_other.onnx")
+    assert Pipeline.load(tmp_path / "b").generate(PROMPT, max_new_tokens=4, k=0).token_ids

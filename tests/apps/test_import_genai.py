@@ -91,3 +91,24 @@ def test_an_optimum_target_takes_a_genai_draft(folders: dict[str, Path], tmp_pat
     pipe = Pipeline.load(out)
     alone = pipe.generate(PROMPT, max_new_tokens=40, k=0).token_ids
     assert pipe.generate(PROMPT, max_new_tokens=40, k=3, drafter="draft").token_ids == alone
+
+
+def test_a_second_family_and_an_int4_build_import_and_decode_exactly(tmp_path: Path) -> None:
+    """GenAI's qwen2 build as the target, its int4 build (MatMulNBits) of the same model as the
+    draft: the text is the target alone's, and some of the int4 draft's tokens pass."""
+    target = genai_folder(tmp_path, seed=2, family="qwen2")
+    draft = genai_folder(tmp_path, seed=2, family="qwen2", precision="int4")
+    out = tmp_path / "pair"
+    manifest = import_pair(target, [f"int4={draft}"], out, ImportOptions(), lambda _: None)
+    assert manifest.target.architecture == "qwen2" and manifest.drafts[0].variant == "genai"
+    pipe = Pipeline.load(out)
+    alone = pipe.generate(PROMPT, max_new_tokens=60, k=0)
+    drafted = pipe.generate(PROMPT, max_new_tokens=60, k=3, drafter="int4")
+    assert drafted.token_ids == alone.token_ids
+    assert drafted.stats.accepted > 0  # (a random model: int4 rounding moves many argmaxes)
+
+
+def test_genai_s_fp16_cpu_build_is_refused_naming_why(tmp_path: Path) -> None:
+    folder = genai_folder(tmp_path, precision="fp16")  # does not share its buffer on the CPU
+    with pytest.raises(InputError, match="past_present_share_buffer"):
+        import_pair(folder, [], tmp_path / "out", ImportOptions(), lambda _: None)
