@@ -295,9 +295,14 @@ def info(artifact: Path, as_json: bool, debug: bool) -> None:
         f"{m.tokenizer_vocab_size} tokens"
     )
     for spec in (m.target, *m.drafts):
+        params = (
+            f"imported ({spec.attention} layout)"
+            if spec.attention in ("concat", "genai")
+            else f"{spec.num_parameters / 1e6:.1f}M params"
+        )
         click.echo(
             f"{spec.role:<7} {spec.name:<8} {spec.graph:<12} {spec.architecture:<7} "
-            f"{spec.num_layers} layers, {spec.num_parameters / 1e6:.1f}M params, "
+            f"{spec.num_layers} layers, {params}, "
             f"{spec.weight_bytes / 1e6:.0f} MB, {spec.variant}; {_quality(spec.parity)}"
         )
         if spec.feature_layers:
@@ -366,6 +371,11 @@ def _quality(parity: dict[str, Any]) -> str:
         return float(value) if isinstance(value, int | float) else None
 
     agreement, diff = number("argmax_agreement"), number("max_abs_logit_diff")
+    if parity.get("kind") == "import" and agreement is not None and diff is not None:
+        return (
+            f"a {int(parity.get('check_k', 0)) + 1}-token pass against one-token passes: "
+            f"max|dlogit| {diff:.1e}, argmax agrees {100 * agreement:.0f}%"
+        )
     if parity.get("kind") == "quantized" and agreement is not None:
         return f"agrees with the target's argmax on {100 * agreement:.0f}% of a text"
     calibration = parity.get("calibration")

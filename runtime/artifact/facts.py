@@ -17,8 +17,10 @@ BYTES = {"float32": 4, "float16": 2}
 
 
 def cache_bytes_per_token(spec: ModelSpec) -> int:
-    """Keys and values of one position, every layer."""
-    return 2 * spec.num_layers * spec.kv_heads * spec.head_dim * BYTES[spec.dtype]
+    """Keys and values of one position, every layer (an imported concat graph's cache holds
+    two sets: runtime/concat_cache.py)."""
+    sets = 2 if spec.attention == "concat" else 1
+    return sets * 2 * spec.num_layers * spec.kv_heads * spec.head_dim * BYTES[spec.dtype]
 
 
 def _model(manifest: Manifest, spec: ModelSpec) -> dict[str, Any]:
