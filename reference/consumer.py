@@ -123,7 +123,7 @@ class Model:
         self.slot_of += range(len(self.mask), len(self.mask) + s)
         self.mask += [1] * s
         self._n = n + s
-        return out[0][0]
+        return out[0][0].astype(np.float32)  # an fp16 graph's logits, exactly
 
     def forward(self, tokens: list[int], inputs: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """Score `tokens` at positions n .. n + s - 1; returns logits [s, vocab]; n += s.

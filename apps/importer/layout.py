@@ -7,9 +7,10 @@ Held (runtime/artifact/contract.py's imported attentions):
   position);
 - "genai": ONNX Runtime GenAI's model builder (genai_config.json; GroupQueryAttention reading
   and writing one buffer shared by past and present, `past_present_share_buffer`).
-Refused with what to do instead: graphs without a cache, with the sequence fixed at one token
-(Optimum 1.13 and older), returning only the last position's logits, GenAI graphs that do not
-share their buffers.
+fp16 graphs (fp16 caches and logits, the onnx-community fp16 variants) are held too. Refused with
+what to do instead: graphs without a cache, with the sequence fixed at one token (Optimum 1.13
+and older), returning only the last position's logits, GenAI graphs that do not share their
+buffers.
 """
 
 from __future__ import annotations
@@ -248,10 +249,10 @@ def _check_io(
             "tokens needs every position's",
             REEXPORT,
         )
-    if logits.dtype != "float32":
+    if logits.dtype not in ("float32", "float16"):
         raise InputError(
-            f"{graph.name} returns {logits.dtype} logits: specx reads float32 logits",
-            "import the folder's fp32 or q4 variant (--variant)",
+            f"{graph.name} returns {logits.dtype} logits: specx reads float32 or float16 logits",
+            "import the folder's fp32, fp16 or q4 variant (--variant)",
         )
     expected = set(contract.graph_inputs(layers, 1, 1, "float32", "concat", False))
     known = {t.name for t in expected} | {contract.POSITION_IDS}

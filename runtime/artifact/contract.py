@@ -278,10 +278,11 @@ def graph_outputs(
     attention: str = "plain",
     features: int = 0,
     head_hidden: int = 0,
+    logits_dtype: str = "float32",
 ) -> tuple[TensorSpec, ...]:
     """features: F of a target's features output (0: none); head_hidden: a feature draft's
-    hidden_out width (0: not a head)."""
-    specs = [TensorSpec(LOGITS, "float32", (BATCH, SEQ, vocab_size))]
+    hidden_out width (0: not a head); logits_dtype: float16 for an imported fp16 graph."""
+    specs = [TensorSpec(LOGITS, logits_dtype, (BATCH, SEQ, vocab_size))]
     if features:
         specs.append(TensorSpec(FEATURES, "float32", (BATCH, SEQ, features)))
     if head_hidden:
@@ -348,6 +349,11 @@ class ModelSpec:
     @property
     def uses_position_ids(self) -> bool:
         return any(t.name == POSITION_IDS for t in self.inputs)
+
+    @property
+    def logits_dtype(self) -> str:
+        """float32, or float16 for an imported fp16 graph (the runtime reads them as float32)."""
+        return next((t.dtype for t in self.outputs if t.name == LOGITS), "float32")
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -425,6 +431,7 @@ class ModelSpec:
             self.attention,
             self.feature_size,
             self.hidden_size if self.head is not None else 0,
+            self.logits_dtype if self.attention in IMPORTED else "float32",
         )
 
 

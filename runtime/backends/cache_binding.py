@@ -55,9 +55,9 @@ def _cache_names(layout: str, layer: int, kind: str) -> tuple[str, str]:
 
 
 def bind_host_output(io: Any, name: str, array: np.ndarray) -> None:
-    """Bind output `name` to a C-contiguous float32 host array of the output's shape: the pass
-    writes into it, no copy."""
-    io.bind_output(name, "cpu", 0, np.float32, list(array.shape), array.ctypes.data)
+    """Bind output `name` to a C-contiguous host array of the output's shape and dtype (float32;
+    float16 logits of an imported fp16 graph): the pass writes into it, no copy."""
+    io.bind_output(name, "cpu", 0, array.dtype.type, list(array.shape), array.ctypes.data)
 
 
 def bind_concat(io: Any, cache: ConcatCache, seq: int) -> None:

@@ -204,6 +204,11 @@ class OrtSession(GraphSession):
         self.max_chunk = max_chunk
         self.passes = 0
         self._logits = np.empty((max_chunk, spec.vocab_size), np.float32)
+        self._logits16 = (
+            np.empty((max_chunk, spec.vocab_size), np.float16)
+            if spec.logits_dtype == "float16"
+            else None
+        )
         self._batch_logits = np.empty((0, spec.vocab_size), np.float32)
         # a target's features output ([chunk, F]); a head's hidden_out ([chunk, hidden])
         self._features = np.empty((max_chunk, spec.feature_size), np.float32)
@@ -223,6 +228,8 @@ class OrtSession(GraphSession):
         """ONNX Runtime sessions may run concurrently; bindings and output buffers may not."""
         other = copy.copy(self)
         other._logits = np.empty_like(self._logits)
+        if self._logits16 is not None:
+            other._logits16 = np.empty_like(self._logits16)
         other._batch_logits = np.empty_like(self._batch_logits)
         other._features = np.empty_like(self._features)
         other._batch_features = np.empty_like(self._batch_features)
@@ -310,11 +317,15 @@ class OrtSession(GraphSession):
             self._bind_full(io, cache, past, seq)
         else:
             self._bind_plain(io, cache, past, seq)
-        bind_host_output(io, contract.LOGITS, self._logits[:seq][None])  # [1, seq, vocab]
+        half = self._logits16 is not None  # an imported fp16 graph's logits, read as float32
+        logits = self._logits16 if self._logits16 is not None else self._logits
+        bind_host_output(io, contract.LOGITS, logits[:seq][None])  # [1, seq, vocab]
         features = self.spec.feature_size
         if features:
             bind_host_output(io, contract.FEATURES, self._features[:seq][None])
         self.session.run_with_iobinding(io)
+        if half:
+            self._logits[:seq] = logits[:seq]  # exact: every float16 is a float32
         if isinstance(cache, ConcatCache):
             cache.end_pass(seq, ids[0])
         else:

@@ -293,3 +293,44 @@ def test_a_variant_is_picked_from_an_onnx_community_folder(
     assert (plain.target.variant, plain.target.graph) == ("fp32", "target/model.onnx")
     assert (other.target.variant, other.target.graph) == ("other", "target/model_other.onnx")
     assert Pipeline.load(tmp_path / "b").generate(PROMPT, max_new_tokens=4, k=0).token_ids
+
+
+def test_an_fp16_variant_imports_and_every_reader_gives_the_same_tokens(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """onnx-community's fp16 variant (ONNX Runtime's float16 converter over Optimum's graph):
+    fp16 caches and logits, read as float32 exactly by the runtime, libspecx and the consumer."""
+    import importlib.util
+
+    import onnx
+    from libspecx_tools import Library
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    community = tmp_path / "community"
+    (community / "onnx").mkdir(parents=True)
+    for f in ("config.json", "tokenizer.json"):
+        shutil.copy2(folders["target"] / f, community / f)
+    graph = onnx.load(folders["target"] / "model.onnx")
+    half = convert_float_to_float16(graph, keep_io_types=False)
+    onnx.save(half, community / "onnx" / "model_fp16.onnx")
+    out = tmp_path / "fp16"
+    manifest = import_pair(community, ["suffix"], out, ImportOptions(variant="fp16"), print)
+    assert manifest.target.dtype == "float16" and manifest.target.logits_dtype == "float16"
+    pipe = Pipeline.load(out)
+    alone = pipe.generate(PROMPT, max_new_tokens=48, k=0, cache_scope=None)
+    drafted = pipe.generate(PROMPT, max_new_tokens=48, k=4, cache_scope=None)
+    assert drafted.token_ids == alone.token_ids
+    model = Library().load(out)
+    try:
+        assert model.generate(list(pipe.encode_prompt(PROMPT)), 48, 4, "suffix").tokens == (
+            drafted.token_ids
+        )
+    finally:
+        model.close()
+    path = Path(__file__).resolve().parents[2] / "reference" / "consumer.py"
+    spec = importlib.util.spec_from_file_location("reference_consumer", path)
+    assert spec is not None and spec.loader is not None
+    consumer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(consumer)
+    got = consumer.generate(out, list(pipe.encode_prompt(PROMPT)), 48, "suffix", 4, None)
+    assert got["token_ids"] == drafted.token_ids

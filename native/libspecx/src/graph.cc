@@ -14,6 +14,31 @@ namespace {
 
 constexpr int kKernelsAbi = 1;  // the specx kernels' C ABI this library speaks
 
+// An IEEE half's value as a float (exact: every half is a float).
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);  // inf, NaN
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;  // zero
+  } else {  // subnormal: normalise
+    int shift = 0;
+    uint32_t m = mantissa;
+    while ((m & 0x400u) == 0) {
+      m <<= 1;
+      ++shift;
+    }
+    bits = sign | (uint32_t(113 - shift) << 23) | ((m & 0x3ffu) << 13);
+  }
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
 bool is_file(const std::string& path) {
   struct stat st {};
   return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
@@ -221,6 +246,7 @@ Runner::Runner(Graph& graph, int64_t capacity)
     }
   }
   logits_.resize(size_t(kMaxChunk) * size_t(s.vocab_size));
+  if (s.half_logits()) logits16_.resize(logits_.size());
   tokens_.assign(size_t(capacity), -1);
   features_.resize(size_t(kMaxChunk) * size_t(s.feature_size));
   ids_.resize(kMaxChunk);
@@ -379,8 +405,12 @@ const float* Runner::forward(const int64_t* tokens, int64_t seq) {
   else
     bind_cache(past, seq);
   std::array<int64_t, 3> out{1, seq, s.vocab_size};
-  io_.BindOutput("logits", Ort::Value::CreateTensor<float>(cpu_, logits_.data(), size_t(seq * s.vocab_size),
-                                                           out.data(), 3));
+  if (logits16_.empty())
+    io_.BindOutput("logits", Ort::Value::CreateTensor<float>(cpu_, logits_.data(), size_t(seq * s.vocab_size),
+                                                             out.data(), 3));
+  else
+    io_.BindOutput("logits", Ort::Value::CreateTensor(cpu_, logits16_.data(), size_t(seq * s.vocab_size) * 2,
+                                                      out.data(), 3, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16));
   if (s.feature_size) {
     std::array<int64_t, 3> f{1, seq, s.feature_size};
     io_.BindOutput("features", Ort::Value::CreateTensor<float>(cpu_, features_.data(),
@@ -391,6 +421,8 @@ const float* Runner::forward(const int64_t* tokens, int64_t seq) {
   } catch (const Ort::Exception& e) {
     throw Failure(SPECX_RUNTIME, "onnxruntime failed in a pass of " + s.graph + ": " + e.what());
   }
+  for (size_t i = 0; i < (logits16_.empty() ? 0 : size_t(seq * s.vocab_size)); ++i)
+    logits_[i] = half_to_float(logits16_[i]);
   std::copy(tokens, tokens + seq, tokens_.begin() + past);
   if (s.concat()) {  // the other set now holds the slots; the new positions' slots follow
     front_ = 1 - front_;

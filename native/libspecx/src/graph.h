@@ -109,6 +109,7 @@ class Runner {
   int64_t slots_ = 0, slot_capacity_ = 0, compactions_ = 0;
   std::vector<int64_t> mask_, slot_of_;
   std::vector<int64_t> ones_;  // genai graphs: the attention mask, all ones
+  std::vector<uint16_t> logits16_;  // fp16 graphs: their logits, converted into logits_
 };
 
 }  // namespace specx

@@ -33,6 +33,11 @@ struct ModelSpec {
   std::vector<std::string> specx_ops;  // the graph's nodes in the specx domain (its kernels)
 
   bool has_input(const std::string& n) const;
+  bool half_logits() const {  // an imported fp16 graph: its logits are read as float32
+    for (const TensorSpec& t : outputs)
+      if (t.name == "logits") return t.dtype == "float16";
+    return false;
+  }
   bool full_buffer() const { return attention == "gqa" || attention == "batched" || genai(); }
   bool concat() const { return attention == "concat"; }  // imported: present = past + new
   bool genai() const { return attention == "genai"; }  // imported: GenAI's shared buffer
