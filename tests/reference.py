@@ -9,9 +9,14 @@ TIE_MARGIN) and fails otherwise.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+CONSUMER = Path(__file__).resolve().parents[1] / "reference" / "consumer.py"
 
 TIE_MARGIN = 1e-4  # largest top-2 logit gap counted as a floating-point near-tie
 
@@ -55,3 +60,12 @@ def assert_same_or_near_tie(
         f"outputs differ at new token {first} ({got[first]} vs {want[first]}) and the target's "
         f"top-2 gap there is {gap:.2e}, not a near-tie"
     )
+
+
+def reference_consumer() -> ModuleType:
+    """reference/consumer.py (the artifact format's executable companion), loaded as a module."""
+    spec = importlib.util.spec_from_file_location("reference_consumer", CONSUMER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,6 +3,7 @@ into place (nothing half-written)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -211,7 +212,7 @@ def _write(
             f"pass against one-token passes: max|dlogit| {parity['max_abs_logit_diff']:.1e}, "
             f"argmax agrees {100 * parity['argmax_agreement']:.0f}%"
         )
-        specs.append(ModelSpec(**{**spec.__dict__, "parity": parity}))
+        specs.append(dataclasses.replace(spec, parity=parity))
     target_spec, draft_specs = specs[0], tuple(specs[1:])
     manifest = Manifest(
         format_version=contract.format_version_for(draft_specs, target_spec),

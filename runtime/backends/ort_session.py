@@ -317,15 +317,15 @@ class OrtSession(GraphSession):
             self._bind_full(io, cache, past, seq)
         else:
             self._bind_plain(io, cache, past, seq)
-        half = self._logits16 is not None  # an imported fp16 graph's logits, read as float32
-        logits = self._logits16 if self._logits16 is not None else self._logits
+        half = self._logits16  # an imported fp16 graph's logits, read as float32
+        logits = self._logits if half is None else half
         bind_host_output(io, contract.LOGITS, logits[:seq][None])  # [1, seq, vocab]
         features = self.spec.feature_size
         if features:
             bind_host_output(io, contract.FEATURES, self._features[:seq][None])
         self.session.run_with_iobinding(io)
-        if half:
-            self._logits[:seq] = logits[:seq]  # exact: every float16 is a float32
+        if half is not None:
+            self._logits[:seq] = half[:seq]  # exact: every float16 is a float32
         if isinstance(cache, ConcatCache):
             cache.end_pass(seq, ids[0])
         else:

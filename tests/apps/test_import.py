@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from optimum_models import needs_optimum, optimum_folder
 
+from reference import reference_consumer
 from specx.apps.importer import ImportOptions, import_pair
 from specx.runtime import Pipeline
 from specx.runtime.concat_cache import ConcatCache
@@ -206,13 +207,7 @@ def test_the_reference_consumer_reproduces_specx_on_an_imported_pair(
 ) -> None:
     """reference/consumer.py, written from docs/artifact-format.md alone, gives specx's tokens and
     acceptance counts on the concat layout, holes and compactions included."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "reference" / "consumer.py"
-    spec = importlib.util.spec_from_file_location("reference_consumer", path)
-    assert spec is not None and spec.loader is not None
-    consumer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(consumer)
+    consumer = reference_consumer()
     params = {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "min_p": 0.0, "seed": 7}
     options = dict(max_new_tokens=150, k=k, drafter=drafter, cache_scope=None)
     if sampling:
@@ -300,8 +295,6 @@ def test_an_fp16_variant_imports_and_every_reader_gives_the_same_tokens(
 ) -> None:
     """onnx-community's fp16 variant (ONNX Runtime's float16 converter over Optimum's graph):
     fp16 caches and logits, read as float32 exactly by the runtime, libspecx and the consumer."""
-    import importlib.util
-
     import onnx
     from libspecx_tools import Library
     from onnxruntime.transformers.float16 import convert_float_to_float16
@@ -327,10 +320,6 @@ def test_an_fp16_variant_imports_and_every_reader_gives_the_same_tokens(
         )
     finally:
         model.close()
-    path = Path(__file__).resolve().parents[2] / "reference" / "consumer.py"
-    spec = importlib.util.spec_from_file_location("reference_consumer", path)
-    assert spec is not None and spec.loader is not None
-    consumer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(consumer)
+    consumer = reference_consumer()
     got = consumer.generate(out, list(pipe.encode_prompt(PROMPT)), 48, "suffix", 4, None)
     assert got["token_ids"] == drafted.token_ids

@@ -4,7 +4,6 @@ and from the format document's reference consumer."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 from genai_models import genai_folder, needs_genai
 from optimum_models import OPTIMUM_PYTHON, optimum_folder
 
+from reference import reference_consumer
 from specx.apps.importer import ImportOptions, import_pair
 from specx.runtime import Pipeline
 from specx.runtime.errors import InputError
@@ -50,11 +50,7 @@ def test_a_genai_pair_decodes_greedy_as_its_target_alone(pair: Path) -> None:
 def test_libspecx_and_the_reference_consumer_give_the_python_runtimes_ids(pair: Path) -> None:
     from libspecx_tools import Library
 
-    path = Path(__file__).resolve().parents[2] / "reference" / "consumer.py"
-    spec = importlib.util.spec_from_file_location("reference_consumer", path)
-    assert spec is not None and spec.loader is not None
-    consumer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(consumer)
+    consumer = reference_consumer()
     model = Library().load(pair)
     pipe = Pipeline.load(pair)
     try:

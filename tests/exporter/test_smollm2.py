@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import needs_exporter
+from reference import reference_consumer
 from specx.runtime import Pipeline
 from specx.runtime.artifact.contract import Manifest
 
@@ -69,13 +70,7 @@ def test_smollm2_speculative_greedy_equals_transformers_generate(smollm2: Path) 
 
 def test_the_reference_consumer_reproduces_specx_on_smollm2(smollm2: Path) -> None:
     """The format document's executable companion, on the real model (reference/consumer.py)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "reference" / "consumer.py"
-    spec = importlib.util.spec_from_file_location("reference_consumer", path)
-    assert spec is not None and spec.loader is not None
-    consumer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(consumer)
+    consumer = reference_consumer()
     pipe = Pipeline.load(smollm2)
     prompt = pipe.encode_prompt("Write a haiku about caches.", chat=True).tolist()
     for drafter, k in (("none", 0), ("int8", 3), ("ngram+int8", 3)):

@@ -5,7 +5,6 @@ from docs/artifact-format.md alone and importing nothing from specx, reproduces 
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import TinyPair, needs_exporter
+from reference import reference_consumer
 from specx.runtime import Pipeline
 
 pytestmark = needs_exporter
@@ -38,11 +38,7 @@ ALLOWED = {
 
 
 def consumer() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("reference_consumer", CONSUMER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return reference_consumer()
 
 
 def test_the_consumer_imports_nothing_but_numpy_onnxruntime_tokenizers_and_the_stdlib() -> None:

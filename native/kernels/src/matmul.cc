@@ -22,17 +22,7 @@
 #include <arm_neon.h>
 #endif
 
-#if SPECX_ISA == 0
-#define SPECX_NS scalar
-#elif SPECX_ISA == 1
-#define SPECX_NS avx2
-#elif SPECX_ISA == 2
-#define SPECX_NS avx512vnni
-#elif SPECX_ISA == 3
-#define SPECX_NS neon
-#else
-#error "SPECX_ISA must be 0 (scalar), 1 (avx2), 2 (avx512vnni) or 3 (neon)"
-#endif
+#include "isa_namespace.h"
 
 namespace specx {
 namespace SPECX_NS {

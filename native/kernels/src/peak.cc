@@ -19,15 +19,7 @@
 #include <arm_neon.h>
 #endif
 
-#if SPECX_ISA == 0
-#define SPECX_NS scalar
-#elif SPECX_ISA == 1
-#define SPECX_NS avx2
-#elif SPECX_ISA == 2
-#define SPECX_NS avx512vnni
-#elif SPECX_ISA == 3
-#define SPECX_NS neon
-#endif
+#include "isa_namespace.h"
 
 namespace specx {
 namespace SPECX_NS {

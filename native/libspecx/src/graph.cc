@@ -421,8 +421,8 @@ const float* Runner::forward(const int64_t* tokens, int64_t seq) {
   } catch (const Ort::Exception& e) {
     throw Failure(SPECX_RUNTIME, "onnxruntime failed in a pass of " + s.graph + ": " + e.what());
   }
-  for (size_t i = 0; i < (logits16_.empty() ? 0 : size_t(seq * s.vocab_size)); ++i)
-    logits_[i] = half_to_float(logits16_[i]);
+  if (!logits16_.empty())  // an fp16 graph's logits, read as float32 (exact)
+    std::transform(logits16_.begin(), logits16_.begin() + seq * s.vocab_size, logits_.begin(), half_to_float);
   std::copy(tokens, tokens + seq, tokens_.begin() + past);
   if (s.concat()) {  // the other set now holds the slots; the new positions' slots follow
     front_ = 1 - front_;
