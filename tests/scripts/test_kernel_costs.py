@@ -49,3 +49,17 @@ def test_passes_reports_r_c_and_memory_of_a_pair(tmp_path: Path) -> None:
     out = run("passes", str(tmp_path / "art"), "--rounds", "2")
     for key in ("target_ms", "r_k3", "r_k5", "r_k8", "draft_ms", "c", "peak_rss_mb"):
         assert f"{key} " in out
+
+
+def test_compare_kernels_times_each_library_on_the_same_products() -> None:
+    script = SCRIPT.parent / "compare_kernels.py"
+    lib = kernels_path()
+    done = subprocess.run(
+        [sys.executable, str(script), f"a={lib},b={lib}", "Q4_K:64:512,Q8_0:32:256", "1,3",
+         "--repeats", "2"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 4 and lines[0].startswith("Q4_K [64, 512] x 1 rows: a ")
+    assert all(" ms (1.00x)  b " in line for line in lines)
