@@ -57,6 +57,7 @@ class ConcatCache(KVCache):
         self.capacity = capacity  # positions; the buffers hold slot_capacity slots
         other = [memory.allocate(self.shape, self.np_dtype) for _ in self._buffers]
         self._sets: list[list[Any]] = [list(self._buffers), other]
+        self._set_ptrs = [[b.ptr for b in buffers] for buffers in self._sets]  # fixed for life
         self._front = 0  # the set holding the slots
         self.slots = 0  # computed slots in the front set, holes included
         self.mask = np.zeros(self.slot_capacity, dtype=np.int64)  # 1: a valid slot
@@ -68,7 +69,7 @@ class ConcatCache(KVCache):
         return 2 * super().nbytes
 
     def buffer_addresses(self) -> tuple[int, ...]:
-        return tuple(b.ptr for buffers in self._sets for b in buffers)
+        return tuple(p for ptrs in self._set_ptrs for p in ptrs)
 
     def truncate(self, length: int, row: int = 0) -> None:
         """Roll back to `length` positions: the later slots become holes; no data moves."""
@@ -92,8 +93,7 @@ class ConcatCache(KVCache):
         holes = self.slots - self.length
         if self.slots + seq > self.slot_capacity or holes > max(MIN_HOLES, self.length // 4):
             self.compact()
-        past = [b.ptr for b in self._sets[self._front]]
-        present = [b.ptr for b in self._sets[1 - self._front]]
+        past, present = self._set_ptrs[self._front], self._set_ptrs[1 - self._front]
         self.mask[self.slots : self.slots + seq] = 1
         return past, present, self.slots, self.mask[: self.slots + seq]
 
