@@ -34,6 +34,14 @@ from specx.apps.cli.common import debug_option, user_errors
 @click.option("--max-length", type=int, default=2048, show_default=True, help="Cache capacity.")
 @click.option("--check-k", type=int, default=4, show_default=True, help="K of the parity check.")
 @click.option("--force", is_flag=True, help="Replace an existing output folder.")
+@click.option(
+    "--rewrite",
+    type=click.Choice(["gqa"]),
+    default=None,
+    help="gqa: write Optimum graphs with their attention as ONNX Runtime's GroupQueryAttention "
+    "(faster per pass; checked against the original; needs the onnx package). [default: the "
+    "graphs as exported]",
+)
 @debug_option
 @user_errors
 def import_cmd(
@@ -45,13 +53,20 @@ def import_cmd(
     max_length: int,
     check_k: int,
     force: bool,
+    rewrite: str | None,
     debug: bool,
 ) -> None:
     """Make an artifact from ONNX decoders exported elsewhere (Hugging Face Optimum 1.14+ and
-    onnx-community folders: model.onnx, config.json, tokenizer.json), checked, never rewritten."""
+    onnx-community folders: model.onnx, config.json, tokenizer.json), checked; rewritten only on
+    request (--rewrite)."""
     from specx.apps.importer import ImportOptions, import_pair
 
     options = ImportOptions(
-        max_length=max_length, check_k=check_k, copy=copy, variant=variant, force=force
+        max_length=max_length,
+        check_k=check_k,
+        copy=copy,
+        variant=variant,
+        force=force,
+        rewrite=rewrite,
     )
     import_pair(target, list(drafts), output, options, lambda line: click.echo(line, err=True))

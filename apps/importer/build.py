@@ -19,9 +19,11 @@ from specx.apps.importer.checks import (
     CHECK_TEXT,
     load_tokenizer,
     multi_token_parity,
+    rewrite_parity,
     same_tokenizer,
 )
 from specx.apps.importer.layout import Source, recognise
+from specx.apps.importer.rewrite import gqa_io, rewrite_to_gqa
 from specx.runtime.artifact import contract
 from specx.runtime.artifact.contract import Manifest, ModelSpec, SpecialTokens
 from specx.runtime.drafters.registry import keyword_kind, model_free_kinds
@@ -37,6 +39,7 @@ class ImportOptions:
     copy: bool = False  # copy the graphs into the artifact (default: link to them)
     variant: str | None = None  # model_<variant>.onnx of each folder (None: model.onnx)
     force: bool = False  # replace an existing output folder
+    rewrite: str | None = None  # "gqa": Optimum graphs' attention as GroupQueryAttention
 
 
 def _draft_entries(drafts: list[str]) -> list[tuple[str, Path | None]]:
@@ -143,6 +146,37 @@ def _spec(source: Source, role: str, name: str, options: ImportOptions) -> Model
     )
 
 
+def _rewritten(
+    src: Source,
+    spec: ModelSpec,
+    folder: Path,
+    ids: np.ndarray,
+    options: ImportOptions,
+    pair_id: str,
+    log: Log,
+) -> ModelSpec:
+    """The source's graph with GroupQueryAttention layers, checked against the original; its
+    spec carries that check as `parity` for the caller to file."""
+    into = folder / spec.name
+    graph = rewrite_to_gqa(src, into, spec.max_length, options.copy, pair_id)
+    inputs, outputs = gqa_io(src)
+    rewritten = dataclasses.replace(
+        spec,
+        graph=f"{spec.name}/{graph.name}",
+        inputs=inputs,
+        outputs=outputs,
+        attention="gqa",
+        weight_bytes=sum(f.stat().st_size for f in into.iterdir()),
+    )
+    check = rewrite_parity(src.graph, spec, graph, rewritten, ids)
+    log(
+        f"  {spec.name}: attention rewritten as GroupQueryAttention; against the original graph: "
+        f"max|dlogit| {check['max_abs_logit_diff']:.1e}, argmax agrees "
+        f"{100 * check['argmax_agreement']:.0f}%"
+    )
+    return dataclasses.replace(rewritten, parity=check)
+
+
 def _staging(output: Path, force: bool) -> Path:
     if output.exists() and not force:
         raise InputError(f"{output} exists", "pass --force to replace it, or another -o")
@@ -203,10 +237,17 @@ def _write(
     if len(ids) < options.check_k + 2:
         ids = np.resize(np.arange(min(64, tokenizer.get_vocab_size()), dtype=np.int64), 32)
     specs: list[ModelSpec] = []
+    pair_id = uuid.uuid4().hex
     for role, name, src in sources:
-        _link_or_copy(src, folder / name, options.copy)
         spec = _spec(src, role, name, options)
+        rewritten = options.rewrite == "gqa" and src.attention == "concat"
+        if rewritten:
+            spec = _rewritten(src, spec, folder, ids, options, pair_id, log)
+        else:
+            _link_or_copy(src, folder / name, options.copy)
         parity = multi_token_parity(folder / spec.graph, spec, ids, options.check_k)
+        if rewritten:
+            parity["rewrite"] = spec.parity
         log(
             f"  {name}: {src.num_layers} layers, {src.variant}; a {options.check_k + 1}-token "
             f"pass against one-token passes: max|dlogit| {parity['max_abs_logit_diff']:.1e}, "
@@ -216,7 +257,7 @@ def _write(
     target_spec, draft_specs = specs[0], tuple(specs[1:])
     manifest = Manifest(
         format_version=contract.format_version_for(draft_specs, target_spec),
-        pair_id=uuid.uuid4().hex,
+        pair_id=pair_id,
         target=target_spec,
         drafts=draft_specs,
         tokenizer=contract.TOKENIZER_FILE,
@@ -241,4 +282,9 @@ def _record(sources: list[tuple[str, str, Source]], options: ImportOptions) -> d
         "graphs": "copied" if options.copy else "linked",
         "sources": {name: str(src.graph.resolve()) for _, name, src in sources},
         "options": {"max_length": options.max_length, "check_k": options.check_k},
+        "rewrites": {
+            name: "concat -> gqa"
+            for _, name, src in sources
+            if options.rewrite == "gqa" and src.attention == "concat"
+        },
     }

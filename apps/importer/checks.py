@@ -73,3 +73,41 @@ def multi_token_parity(
         "argmax_agreement": agree,
         "after_rollback_max_abs_logit_diff": float(np.abs(again - wide).max()),
     }
+
+
+def rewrite_parity(
+    original: Path, spec: ModelSpec, rewritten: Path, new_spec: ModelSpec, ids: np.ndarray
+) -> dict[str, Any]:
+    """A rewritten graph against its original: the logits of a prompt's pass and of four decode
+    steps after it (the original's greedy tokens, fed to both); refused where they part beyond
+    float rounding."""
+    a, tokens = _pass_logits(original, spec, ids, None)
+    b, _ = _pass_logits(rewritten, new_spec, ids, tokens)
+    diff = float(np.abs(a - b).max())
+    agree = float(np.mean(a.argmax(-1) == b.argmax(-1)))
+    tolerance = 1e-3 * max(1.0, float(np.abs(a).max()))
+    if not diff <= tolerance or agree < 1.0:
+        raise InputError(
+            f"{rewritten.name}: the rewritten graph parts from {original}: max|dlogit| {diff:.2e} "
+            f"(tolerance {tolerance:.1e}), argmax agrees {100 * agree:.1f}%",
+            "import it without --rewrite (it runs as exported)",
+        )
+    return {"max_abs_logit_diff": diff, "argmax_agreement": agree, "tolerance": tolerance}
+
+
+def _pass_logits(
+    graph: Path, spec: ModelSpec, ids: np.ndarray, tokens: list[int] | None
+) -> tuple[np.ndarray, list[int]]:
+    """Logits [len(ids) + 4, vocab] of a prompt's pass and four one-token steps fed `tokens`
+    (None: the graph's own greedy choices), and the tokens fed."""
+    from specx.runtime.backends.ort_session import OrtSession
+
+    session = OrtSession(graph, spec)
+    cache = session.new_cache(min(spec.max_length, len(ids) + 8))
+    rows = [session.forward(ids, cache).copy()]  # [len(ids), vocab]
+    fed: list[int] = []
+    for step in range(4):
+        token = int(rows[-1][-1].argmax()) if tokens is None else tokens[step]
+        fed.append(token)
+        rows.append(session.forward(np.array([token], dtype=np.int64), cache).copy())
+    return np.concatenate(rows), fed
