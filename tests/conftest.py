@@ -338,3 +338,17 @@ def cheap_drafts(monkeypatch: pytest.MonkeyPatch) -> None:
     from specx.runtime.decode import choice
 
     monkeypatch.setattr(choice, "draft_ratio", lambda manifest, drafter: 0.05)
+
+
+@pytest.fixture(scope="session")
+def optimum_folders(tmp_path_factory: Any) -> dict[str, Path]:
+    """Folders made by Optimum's exporter (tests/optimum_models.py), once per session: a tiny
+    llama target, a noisy copy of it as its draft, a qwen2 (q/k/v biases)."""
+    from optimum_models import optimum_folder
+
+    root = tmp_path_factory.mktemp("optimum")
+    return {
+        "target": optimum_folder(root, "llama", seed=0),
+        "draft": optimum_folder(root, "llama", seed=0, noise=0.6),  # agrees often, not always
+        "qwen2": optimum_folder(root, "qwen2", seed=3),
+    }

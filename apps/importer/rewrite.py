@@ -83,6 +83,13 @@ class _Graph:
         value = self._numpy.to_array(tensor)
         return float(value.reshape(-1)[0]) if value.size == 1 else None
 
+    def constant(self, name: str) -> bool:
+        """An initializer, a Constant, or an Identity of one (exporters share equal weights so)."""
+        node = self.producer.get(name)
+        if name in self.initializers or (node is not None and node.op_type == "Constant"):
+            return True
+        return node is not None and node.op_type == "Identity" and self.constant(node.input[0])
+
     def op(self, name: str) -> str | None:
         node = self.producer.get(name)
         return node.op_type if node is not None else None
@@ -102,9 +109,9 @@ def _projection_input(g: _Graph, out: str, graph: Path) -> str:
     """The activation a projection output came from: MatMul(x, W) or MatMul(x, W) + b."""
     node = g.producer.get(out)
     if node is not None and node.op_type == "Add":
-        biased = [i for i in node.input if i not in g.initializers]
+        biased = [i for i in node.input if not g.constant(i)]
         node = g.producer.get(biased[0]) if len(biased) == 1 else None
-    if node is None or node.op_type not in PROJECTIONS or node.input[1] not in g.initializers:
+    if node is None or node.op_type not in PROJECTIONS or not g.constant(node.input[1]):
         raise _refuse(graph, f"{out} is not a projection of the hidden state")
     return str(node.input[0])
 
@@ -114,7 +121,7 @@ def _projection_output(g: _Graph, node: Any) -> str:
     out = node.output[0]
     after = g.consumers.get(out, [])
     biased = len(after) == 1 and after[0].op_type == "Add"
-    if biased and any(i in g.initializers for i in after[0].input if i != out):
+    if biased and any(g.constant(i) for i in after[0].input if i != out):
         return str(after[0].output[0])
     return str(out)
 
@@ -124,8 +131,8 @@ def _rotary(g: _Graph, rotated: str, graph: Path) -> tuple[str, str, str]:
     add = g.producer.get(rotated)
     if add is None or add.op_type != "Add":
         raise _refuse(graph, f"{rotated} is not x * cos + rotate_half(x) * sin")
-    muls = [g.producer.get(i) for i in add.input]
-    if any(m is None or m.op_type != "Mul" for m in muls):
+    muls = [g.producer[i] for i in add.input if g.op(i) == "Mul"]
+    if len(muls) != 2:
         raise _refuse(graph, f"{rotated} is not x * cos + rotate_half(x) * sin")
     plain = rot = None
     for m in muls:
@@ -148,7 +155,7 @@ def _first_projection_after(g: _Graph, start: str) -> tuple[Any, int]:
         for node in g.consumers.get(name, []):
             if node.op_type == "Shape":
                 continue
-            if node.op_type in PROJECTIONS and node.input[1] in g.initializers:
+            if node.op_type in PROJECTIONS and g.constant(node.input[1]):
                 return node, list(node.input).index(name)
             for out in node.output:
                 if out not in seen:
@@ -164,7 +171,7 @@ def _scale(g: _Graph, q_rot: str, graph: Path) -> float:
     while queue:  # the first MatMul of two activations downstream of the rotated queries
         name = queue.popleft()
         for node in g.consumers.get(name, []):
-            if node.op_type == "MatMul" and not any(i in g.initializers for i in node.input):
+            if node.op_type == "MatMul" and not any(g.constant(i) for i in node.input):
                 return _scale_of(g, node)
             if (
                 node.op_type in ("Mul", "Transpose", "Reshape", "Cast")
@@ -199,10 +206,11 @@ def _scale_of(g: _Graph, product: Any) -> float:
 
 def _layer(g: _Graph, i: int, src: Source) -> _Layer:
     names = {kind: contract.concat_present(i, kind) for kind in ("key", "value")}
-    cats = {kind: g.producer.get(name) for kind, name in names.items()}
-    for kind, cat in cats.items():
+    for kind, name in names.items():
+        cat = g.producer.get(name)
         if cat is None or cat.op_type != "Concat" or cat.input[0] != contract.concat_past(i, kind):
-            raise _refuse(src.graph, f"{names[kind]} is not Concat(past, new)")
+            raise _refuse(src.graph, f"{name} is not Concat(past, new)")
+    cats = {kind: g.producer[name] for kind, name in names.items()}
     k_heads, cos, sin = _rotary(g, cats["key"].input[1], src.graph)
     k = g.back_through(k_heads, ("Transpose", "Reshape"))
     v = g.back_through(cats["value"].input[1], ("Transpose", "Reshape"))
@@ -212,7 +220,7 @@ def _layer(g: _Graph, i: int, src: Source) -> _Layer:
     others = [
         _projection_output(g, n)
         for n in g.consumers[hidden]
-        if n.op_type in PROJECTIONS and n.input[1] in g.initializers
+        if n.op_type in PROJECTIONS and g.constant(n.input[1])
     ]
     q = [o for o in others if o not in (k, v)]
     if len(q) != 1:
@@ -351,22 +359,14 @@ def _assemble(
     heads = int(src.config.get("num_attention_heads", 0))
     if heads <= 0 or heads % src.kv_heads:
         raise _refuse(src.graph, f"num_attention_heads {heads} over {src.kv_heads} kv heads")
-    table_names: dict[bytes, str] = {}
-    initializers = []
-    for cos, sin in tables:
-        for kind, table in (("cos", cos), ("sin", sin)):
-            key = kind.encode() + table.tobytes()
-            if key not in table_names:
-                table_names[key] = f"specx.rotary.{kind}.{len(table_names) // 2}"
-                initializers.append(numpy_helper.from_array(table, table_names[key]))
+    named, initializers = _table_initializers(tables, numpy_helper)
     seqlens, total = contract.SEQLENS_K, contract.TOTAL_SEQUENCE_LENGTH
     before = {layer.out_node.output[0]: (i, layer) for i, layer in enumerate(layers)}
     nodes = []
     for node in graph.node:
         if node.output[0] in before:
             i, layer = before[node.output[0]]
-            cos = table_names[b"cos" + tables[i][0].tobytes()]
-            sin = table_names[b"sin" + tables[i][1].tobytes()]
+            cos, sin = named[i]
             attended = f"/specx/layers.{i}/gqa_output"
             nodes.append(helper.make_node(
                 "GroupQueryAttention",
@@ -407,6 +407,26 @@ def _assemble(
     graph.value_info.extend(info)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+
+
+def _table_initializers(
+    tables: list[tuple[np.ndarray, np.ndarray]], numpy_helper: Any
+) -> tuple[list[tuple[str, str]], list[Any]]:
+    """Each layer's (cos, sin) initializer names, and the initializers: one per distinct table
+    (layers with other rotary bases get their own)."""
+    names: dict[bytes, str] = {}
+    initializers = []
+    per_layer = []
+    for pair in tables:
+        layer = []
+        for kind, table in zip(("cos", "sin"), pair, strict=True):
+            key = kind.encode() + table.tobytes()
+            if key not in names:
+                names[key] = f"specx.rotary.{kind}.{len(names)}"
+                initializers.append(numpy_helper.from_array(table, names[key]))
+            layer.append(names[key])
+        per_layer.append((layer[0], layer[1]))
+    return per_layer, initializers
 
 
 def _live(nodes: list[Any], outputs: list[str]) -> list[Any]:

@@ -144,8 +144,8 @@ def format_version_for(
 ) -> int:
     """The oldest format that describes an artifact with these drafts (and target)."""
     models = [*drafts, *([target] if target is not None else [])]
-    if any(m.attention in IMPORTED for m in models):
-        return IMPORTED_VERSION
+    if any(m.attention in IMPORTED or "/" in m.graph for m in models):
+        return IMPORTED_VERSION  # an imported graph (a rewritten one too: one folder deep)
     return FEATURE_DRAFTS_VERSION if any(d.head is not None for d in drafts) else 1
 
 

@@ -25,13 +25,8 @@ PROMPT = "def fibonacci(n):\n    a, b = 0, 1\n"
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("optimum")
-    return {
-        "target": optimum_folder(root, "llama", seed=0),
-        "draft": optimum_folder(root, "llama", seed=0, noise=0.6),  # agrees often, not always
-        "qwen2": optimum_folder(root, "qwen2", seed=3),
-    }
+def folders(optimum_folders: dict[str, Path]) -> dict[str, Path]:
+    return optimum_folders
 
 
 @pytest.fixture(scope="module")
