@@ -70,3 +70,24 @@ def test_an_optimum_smollm2_decodes_speculatively_as_transformers_does(
     eos = pipe.manifest.special_tokens.eos_token_ids
     want = hf_greedy(model, np.asarray(prompt), len(alone.token_ids), eos)
     assert_same_or_near_tie(model, np.asarray(prompt), alone.token_ids, want)
+
+
+def test_a_rewritten_optimum_smollm2_gives_the_unrewritten_graphs_text(
+    folders: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """--rewrite gqa on the real model: every layer found, the text of the graph as exported."""
+    _, onnx = folders
+    plain = import_pair(onnx, ["suffix"], tmp_path / "plain", ImportOptions(), print)
+    rewritten = import_pair(onnx, ["suffix"], tmp_path / "gqa", ImportOptions(rewrite="gqa"), print)
+    assert plain.target.attention == "concat" and rewritten.target.attention == "gqa"
+    assert rewritten.target.parity["rewrite"]["argmax_agreement"] == 1.0
+    prompts = []
+    for folder in (tmp_path / "plain", tmp_path / "gqa"):
+        pipe = Pipeline.load(folder)
+        prompt = pipe.encode_prompt("Write a Python function that reverses a list.", chat=True)
+        alone = pipe.generate(prompt, max_new_tokens=64, k=0).token_ids
+        assert (
+            pipe.generate(prompt, max_new_tokens=64, k="auto", drafter="suffix").token_ids == alone
+        )
+        prompts.append(alone)
+    assert prompts[0] == prompts[1]
