@@ -67,6 +67,7 @@ class Model:
             str(folder / spec["graph"]), options, providers=["CPUExecutionProvider"]
         )
         self.inputs = {i.name for i in self.session.get_inputs()}
+        self.ranks = {i.name: len(i.shape) for i in self.session.get_inputs()}
         self.genai = spec.get("attention", "plain") == "genai"  # imported: gqa, own names
         self.gqa = spec.get("attention", "plain") == "gqa" or self.genai
         self.concat = spec.get("attention", "plain") == "concat"  # imported: past + new out
@@ -114,6 +115,9 @@ class Model:
         }
         if "position_ids" in self.inputs:
             feed["position_ids"] = np.arange(n, n + s, dtype=np.int64)[None]
+        for name in ("num_logits_to_keep", "logits_to_keep"):  # every new position's logits
+            if name in self.inputs:
+                feed[name] = np.full([1] * self.ranks[name], s, dtype=np.int64)  # [] or [1]
         names = ["logits"]
         for i, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
             feed[f"past_key_values.{i}.key"], feed[f"past_key_values.{i}.value"] = k, v

@@ -255,7 +255,14 @@ def _check_io(
             "import the folder's fp32, fp16 or q4 variant (--variant)",
         )
     expected = set(contract.graph_inputs(layers, 1, 1, "float32", "concat", False))
-    known = {t.name for t in expected} | {contract.POSITION_IDS}
+    known = {t.name for t in expected} | {contract.POSITION_IDS, *contract.LOGITS_TO_KEEP}
+    for name in contract.LOGITS_TO_KEEP:
+        keep = got_in.get(name)
+        if keep is not None and (keep.dtype != "int64" or keep.shape not in ((), (1,))):
+            raise InputError(
+                f"{graph.name}: {name} is {keep.dtype} {list(keep.shape)}, not an int64 count",
+                REEXPORT,
+            )
     extra = sorted(set(got_in) - known)
     if extra:
         raise InputError(f"{graph.name} has inputs specx does not feed: {extra[:4]}", REEXPORT)

@@ -319,6 +319,14 @@ def rewrite_to_gqa(src: Source, into: Path, length: int, copy: bool, pair_id: st
             f"{src.graph.name}: --rewrite gqa takes float32 caches, not {src.dtype}",
             "import its fp32 or q4 variant, or " + PLAIN_IMPORT,
         )
+    window = src.config.get("sliding_window")
+    windowed = isinstance(window, int) and window < length
+    kinds = set(src.config.get("layer_types") or ["full_attention"])
+    if kinds != {"full_attention"} or (
+        windowed and src.config.get("use_sliding_window", True) is not False
+    ):
+        raise _refuse(src.graph, f"its attention slides over {window} positions, fewer than the "
+                      f"cache's {length} (rewritten only without a window)")  # fmt: skip
     onnx = onnx_package()
     from onnx import numpy_helper
 

@@ -116,6 +116,9 @@ PAST = "past_len"
 CACHE_LEN = "cache_len"
 WRITE_INDICES = "write_indices"
 ATTENTION_MASK = "attention_mask"  # "concat" graphs
+# Imported graphs may take how many of the last positions' logits to return (int64, [] or [1]):
+# a reader feeds the pass's token count, so that every new position's logits come back.
+LOGITS_TO_KEEP = ("num_logits_to_keep", "logits_to_keep")
 TOTAL = "past_len + seq"
 SEQLENS_K = "seqlens_k"
 TOTAL_SEQUENCE_LENGTH = "total_sequence_length"
@@ -411,6 +414,8 @@ class ModelSpec:
         )
 
     def expected_inputs(self) -> tuple[TensorSpec, ...]:
+        # an imported graph's optional logits count (LOGITS_TO_KEEP), as the import recorded it
+        keep = tuple(t for t in self.inputs if t.name in LOGITS_TO_KEEP)
         return graph_inputs(
             self.num_layers,
             self.kv_heads,
@@ -419,7 +424,7 @@ class ModelSpec:
             self.attention,
             self.uses_position_ids,
             (self.head.feature_size, self.hidden_size) if self.head is not None else None,
-        )
+        ) + (keep if self.attention in IMPORTED else ())
 
     def expected_outputs(self) -> tuple[TensorSpec, ...]:
         return graph_outputs(

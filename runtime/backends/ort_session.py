@@ -221,6 +221,11 @@ class OrtSession(GraphSession):
         # rows) for forward_rows; None: rebind before the next pass
         self._bound: KVCache | tuple[BatchKVCache, int, int] | None = None
         self._position_ids = spec.uses_position_ids
+        # an imported graph's count of last positions to return logits for: [] or [1]
+        self._keep = next(
+            ((t.name, len(t.shape)) for t in spec.inputs if t.name in contract.LOGITS_TO_KEEP),
+            None,
+        )
         self._ones = np.ones(spec.max_length + max_chunk, np.int64)  # genai: the mask
         self._cache_np_dtype = NP_DTYPES[spec.dtype]
 
@@ -310,6 +315,9 @@ class OrtSession(GraphSession):
         if self._position_ids:
             positions = np.arange(past, past + seq, dtype=np.int64).reshape(1, seq)
             io.bind_cpu_input(contract.POSITION_IDS, positions)
+        if self._keep is not None:  # every new position's logits
+            shape = (1,) * self._keep[1]  # [] or [1]
+            io.bind_cpu_input(self._keep[0], np.full(shape, seq, dtype=np.int64))
         concat = self.spec.attention == "concat"
         if concat:
             self._bind_concat(io, cache, seq)

@@ -127,3 +127,21 @@ def test_the_reference_consumer_and_libspecx_reproduce_specx_on_a_rewritten_pair
             assert native.stats["accepted"] == want.stats.accepted, drafter
     finally:
         model.close()
+
+
+def test_a_sliding_window_attention_is_not_rewritten(
+    optimum_folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """GroupQueryAttention here attends to every position: a model whose config slides its
+    attention over fewer positions than the cache holds is refused, not rewritten wrongly."""
+    import shutil
+
+    folder = tmp_path / "windowed"
+    shutil.copytree(optimum_folders["qwen2"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config |= {"use_sliding_window": True, "sliding_window": 64, "max_window_layers": 0}
+    config.pop("layer_types", None)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match="slides over 64 positions"):
+        import_pair(folder, [], tmp_path / "out", REWRITE, lambda _: None)
+    assert not (tmp_path / "out").exists()

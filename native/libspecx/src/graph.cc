@@ -386,6 +386,11 @@ const float* Runner::forward(const int64_t* tokens, int64_t seq) {
                   Ort::Value::CreateTensor<int64_t>(cpu_, positions_.data(), size_t(seq), shape.data(), 2));
   }
   std::array<int64_t, 1> one{1};
+  if (const TensorSpec* keep = s.logits_to_keep()) {  // every new position's logits
+    keep_ = seq;
+    io_.BindInput(keep->name.c_str(),
+                  Ort::Value::CreateTensor<int64_t>(cpu_, &keep_, 1, one.data(), keep->rank));
+  }
   if (s.attention == "gqa") {
     seqlens_k_ = int32_t(past + seq - 1);
     total_length_ = int32_t(past + seq);

@@ -99,6 +99,7 @@ class Runner {
   std::vector<float> features_;  // [kMaxChunk, F] where the target has a features output
   std::vector<int64_t> ids_, positions_;
   int32_t seqlens_k_ = 0, total_length_ = 0;
+  int64_t keep_ = 0;  // an imported graph's logits_to_keep: the pass's token count
   Ort::IoBinding io_;
   Ort::MemoryInfo cpu_;  // ids, positions, logits: always host memory
   bool cache_bound_ = false;

@@ -33,6 +33,13 @@ struct ModelSpec {
   std::vector<std::string> specx_ops;  // the graph's nodes in the specx domain (its kernels)
 
   bool has_input(const std::string& n) const;
+  // An imported graph's count of last positions to return logits for (num_logits_to_keep or
+  // logits_to_keep, int64 [] or [1]); nullptr where the graph has none.
+  const TensorSpec* logits_to_keep() const {
+    for (const TensorSpec& t : inputs)
+      if (t.name == "num_logits_to_keep" || t.name == "logits_to_keep") return &t;
+    return nullptr;
+  }
   bool half_logits() const {  // an imported fp16 graph: its logits are read as float32
     for (const TensorSpec& t : outputs)
       if (t.name == "logits") return t.dtype == "float16";
