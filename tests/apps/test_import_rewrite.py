@@ -145,3 +145,37 @@ def test_a_sliding_window_attention_is_not_rewritten(
     with pytest.raises(InputError, match="slides over 64 positions"):
         import_pair(folder, [], tmp_path / "out", REWRITE, lambda _: None)
     assert not (tmp_path / "out").exists()
+
+
+def test_an_onnx_community_q4_variant_imports_and_rewrites_with_its_int4_projections(
+    optimum_folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """The q4 variant as onnx-community makes it (ONNX Runtime's MatMulNBits quantizer over
+    Optimum's graph): imported as it is and rewritten, the same greedy text from both, and with
+    speculation."""
+    import shutil
+
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    source = optimum_folders["target"]
+    community = tmp_path / "community"
+    (community / "onnx").mkdir(parents=True)
+    for f in ("config.json", "tokenizer.json"):
+        shutil.copy2(source / f, community / f)
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(source / "model.onnx")), block_size=32)
+    quantizer.process()
+    quantizer.model.save_model_to_file(str(community / "onnx" / "model_q4.onnx"), False)
+    texts = []
+    for name, options in (("plain", ImportOptions(variant="q4")),
+                          ("gqa", ImportOptions(variant="q4", rewrite="gqa"))):  # fmt: skip
+        manifest = import_pair(community, ["ngram"], tmp_path / name, options, lambda _: None)
+        assert manifest.target.variant == "q4"
+        pipe = Pipeline.load(tmp_path / name)
+        alone = pipe.generate(PROMPT, max_new_tokens=60, k=0).token_ids
+        assert pipe.generate(PROMPT, max_new_tokens=60, k=4).token_ids == alone, name
+        texts.append(alone)
+    graph = onnx.load(str(tmp_path / "gqa" / "target" / "model_q4.onnx"), load_external_data=False)
+    ops = {n.op_type for n in graph.graph.node}
+    assert {"MatMulNBits", "GroupQueryAttention"} <= ops and "Softmax" not in ops
+    assert texts[0] == texts[1]
