@@ -149,6 +149,16 @@ constexpr int kAheadBytes = 512;  // blocks of 32: this far on, one prefetch a b
 
 #if SPECX_ISA == 2
 constexpr int kMaxRows = 8;  // AVX-512VL has 32 vector registers
+// Passes of this many rows or more take two columns a tile (small_pair_tile), at most
+// kPairMaxRows rows a tile; both may be set at build time for measurement.
+#ifndef SPECX_PAIR_ROWS
+#define SPECX_PAIR_ROWS 2
+#endif
+#ifndef SPECX_PAIR_MAX_ROWS
+#define SPECX_PAIR_MAX_ROWS 16
+#endif
+constexpr int64_t kPairRows = SPECX_PAIR_ROWS;
+constexpr int64_t kPairMaxRows = SPECX_PAIR_MAX_ROWS;
 #else
 constexpr int kMaxRows = 4;
 #endif
@@ -312,11 +322,131 @@ void rows_tile(const MatMulJob& job, int64_t n, int64_t m0, int rows) {
   }
 }
 
+#if SPECX_ISA == 2
+// The minimums' terms of blocks b0 .. b0 + count - 1 (b0 a multiple of 8), for R rows and the
+// tile's two columns: lane j takes block b0 + j, as small_tile's off[b & 7] does one at a time
+// (the same product and fma per lane and block, in block order).
+template <int R>
+inline void pair_offsets(const MatMulJob& job, int64_t m0, int64_t b0, int count,
+                         const float (&ow)[2][8], float (&off)[2][R][8]) {
+  const int64_t kc = job.k / kChunk;
+  const __mmask8 live = static_cast<__mmask8>((1u << count) - 1);
+  const __m256 w0 = _mm256_load_ps(ow[0]), w1 = _mm256_load_ps(ow[1]);
+  for (int r = 0; r < R; ++r) {
+    const int64_t at = (m0 + r) * kc + b0;
+    const __m256 da = _mm256_maskz_loadu_ps(live, job.acts.d + at);
+    const __m256 sum = _mm256_cvtepi32_ps(_mm256_maskz_loadu_epi32(live, job.acts.s + at));
+    _mm256_store_ps(off[0][r], _mm256_mask3_fmadd_ps(_mm256_mul_ps(w0, da), sum,
+                                                     _mm256_load_ps(off[0][r]), live));
+    _mm256_store_ps(off[1][r], _mm256_mask3_fmadd_ps(_mm256_mul_ps(w1, da), sum,
+                                                     _mm256_load_ps(off[1][r]), live));
+  }
+}
+
+// Blocks of 32, two columns a 512-bit register (column n in lanes 0..7, n + 1 in 8..15), each
+// row's codes broadcast to both halves: per row and block one product and three float
+// instructions serve both columns, each lane's operations those of small_tile. Signed codes
+// take the activations unsigned (a + 128, a byte's top bit flipped) and start each lane at
+// -128 x the sum of its four codes, shared by the rows: the same exact integer sums without a
+// sign instruction per row. The minimums' terms (Q4_1, Q5_1) every eight blocks, eight lanes at
+// once (pair_offsets).
+// Tile: R <= 16 rows x 2 columns, R accumulators; per row and block 4 instructions on the two
+// product / fma pipes (product, scale, convert, fma) for 64 multiply-adds, the block's decoding
+// shared by R rows.
+template <class F, int R>
+void small_pair_tile(const MatMulJob& job, int64_t n, int64_t m0) {
+  const int64_t k = job.k, kc = k / kChunk;
+  __m512 acc[R];
+  alignas(32) float off[2][R][8] = {};
+  alignas(32) float ow[2][8] = {};
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const int8_t* acts = job.acts.q + m0 * k;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t b = 0; b < kc; ++b) {
+    const uint8_t* at0 = job.weights + n * job.row_bytes + b * F::kBytes;
+    const uint8_t* at1 = at0 + job.row_bytes;
+    _mm_prefetch(reinterpret_cast<const char*>(at0 + kAheadBytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(at1 + kAheadBytes), _MM_HINT_T0);
+    const typename F::Simd block0(at0), block1(at1);
+    const __m512i w =
+        _mm512_inserti64x4(_mm512_zextsi256_si512(block0.codes(0)), block1.codes(0), 1);
+    const __m512 ws = _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castps_pd(_mm512_zextps256_ps512(block0.scales(0))),
+                           _mm256_castps_pd(block1.scales(0)), 1));
+    const __m512i base =
+        F::kSigned ? _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, flip, w)) : zero;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m256i row =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acts + r * k + b * kChunk));
+      const __m512i a = _mm512_broadcast_i64x4(row);
+      const __m512i lanes = F::kSigned ? _mm512_dpbusd_epi32(base, _mm512_xor_si512(a, flip), w)
+                                       : _mm512_dpbusd_epi32(zero, w, a);
+      const float da = job.acts.d[(m0 + r) * kc + b];
+      const __m512 scale = _mm512_mul_ps(ws, _mm512_set1_ps(da));
+      acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(lanes), acc[r]);
+    }
+    if constexpr (F::kOffset) {
+      ow[0][b & 7] = block0.offset(0);
+      ow[1][b & 7] = block1.offset(0);
+      if ((b & 7) == 7 || b + 1 == kc) {
+        pair_offsets<R>(job, m0, b & ~int64_t{7}, static_cast<int>(b & 7) + 1, ow, off);
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, acc[r]);
+    float* y = job.y + (m0 + r) * job.n + n;
+    y[0] = reduce8(lanes) + (F::kOffset ? reduce8(off[0][r]) : 0.0f);
+    y[1] = reduce8(lanes + 8) + (F::kOffset ? reduce8(off[1][r]) : 0.0f);
+  }
+}
+
+template <class F>
+void pair_rows_tile(const MatMulJob& job, int64_t n, int64_t m0, int rows) {
+  switch (rows) {
+    case 1: return small_pair_tile<F, 1>(job, n, m0);
+    case 2: return small_pair_tile<F, 2>(job, n, m0);
+    case 3: return small_pair_tile<F, 3>(job, n, m0);
+    case 4: return small_pair_tile<F, 4>(job, n, m0);
+    case 5: return small_pair_tile<F, 5>(job, n, m0);
+    case 6: return small_pair_tile<F, 6>(job, n, m0);
+    case 7: return small_pair_tile<F, 7>(job, n, m0);
+    case 8: return small_pair_tile<F, 8>(job, n, m0);
+    case 9: return small_pair_tile<F, 9>(job, n, m0);
+    case 10: return small_pair_tile<F, 10>(job, n, m0);
+    case 11: return small_pair_tile<F, 11>(job, n, m0);
+    case 12: return small_pair_tile<F, 12>(job, n, m0);
+    case 13: return small_pair_tile<F, 13>(job, n, m0);
+    case 14: return small_pair_tile<F, 14>(job, n, m0);
+    case 15: return small_pair_tile<F, 15>(job, n, m0);
+    case 16: return small_pair_tile<F, 16>(job, n, m0);
+    default: return;
+  }
+}
+#endif
+
 // One column at a time, all rows in tiles: the weights stream from memory in order
-// (interleaving several columns' rows slows the stream; docs/bench/measurements.md).
+// (interleaving several columns' rows slows the stream; docs/bench/measurements.md). With
+// AVX-512 and several rows, where the products rather than the stream bound the pass, two
+// columns a tile (small_pair_tile).
 template <class F>
 void small_columns(const MatMulJob& job, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
+  int64_t n = n0;
+#if SPECX_ISA == 2
+  if (job.m >= kPairRows) {
+    for (; n + 1 < n1; n += 2) {
+      for (int64_t m0 = 0; m0 < job.m; m0 += kPairMaxRows) {
+        pair_rows_tile<F>(job, n, m0, static_cast<int>(std::min<int64_t>(kPairMaxRows, job.m - m0)));
+      }
+    }
+  }
+#endif
+  for (; n < n1; ++n) {
     for (int64_t m0 = 0; m0 < job.m; m0 += kMaxRows) {
       rows_tile<F>(job, n, m0, static_cast<int>(std::min<int64_t>(kMaxRows, job.m - m0)));
     }
