@@ -1,7 +1,7 @@
 """What the specx kernels cost: one product on one thread, and an artifact's passes.
 
     kernel_costs.py matmul [--type Q4_K] [--n 2048] [--k 1536] [--rows 1,5] [--isa avx512vnni]
-    kernel_costs.py passes ARTIFACT [ARTIFACT ...] [--rounds 20]
+    kernel_costs.py passes ARTIFACT [ARTIFACT ...] [--rounds 20] [--prompt 512]
 
 matmul: the library's C ABI (`specx_kernels_matmul`, one thread) on random blocks of the type,
 [n, k] weights against `rows` activation rows; the median time of `--repeats` products, the
@@ -14,7 +14,9 @@ computes.
 passes: per artifact, the one-token target pass, passes over K + 1 = 4, 6, 9 tokens (r: each
 over the one-token pass) and the first draft's one-token pass (c), all after a 128-token prompt
 and taken in turn round after round (the VM's speed drifts), medians; then the process's peak
-resident memory, the loaded pair's. Each artifact runs in its own process, one after another.
+resident memory, the loaded pair's; with --prompt N, the target's and the first draft's prompt
+rate on an N-token prompt (tokens/s, median of 3 prefills into an empty cache). Each artifact
+runs in its own process, one after another.
 Nothing else may run meanwhile; 2 threads, one pool, as `specx run` uses them.
 """
 
@@ -87,7 +89,28 @@ def matmul(args: argparse.Namespace) -> None:
         )
 
 
-def passes_of(artifact: Path, rounds: int) -> dict[str, float]:
+def prompt_rates(pipe: object, n: int, repeats: int = 3) -> dict[str, float]:
+    """Prompt tokens/s of the target and the first draft: an n-token prompt read into an empty
+    cache (the runtime's own prefill, its chunks), median of `repeats`."""
+    vocab = int(pipe.manifest.target.vocab_size)  # type: ignore[attr-defined]
+    ids = (np.arange(n, dtype=np.int64) * 7919) % min(20000, vocab - 3) + 3  # [n], in the vocab
+    models = [("target", pipe.target)]  # type: ignore[attr-defined]
+    if pipe.manifest.drafts:  # type: ignore[attr-defined]
+        models.append(("draft", pipe.draft_session(pipe.manifest.drafts[0])))  # type: ignore[attr-defined]
+    rates = {}
+    for name, session in models:
+        cache = session.new_cache(n + 16)
+        times = []
+        for _ in range(repeats):
+            cache.truncate(0)
+            t0 = time.perf_counter()
+            session.prefill(ids, cache)
+            times.append(time.perf_counter() - t0)
+        rates[f"{name}_prompt_tps"] = n / statistics.median(times)
+    return rates
+
+
+def passes_of(artifact: Path, rounds: int, prompt: int = 0) -> dict[str, float]:
     """One artifact's pass times (ms), r per K, c and peak RSS (MB); run in this process."""
     import resource
 
@@ -122,6 +145,8 @@ def passes_of(artifact: Path, rounds: int) -> dict[str, float]:
     if draft is not None:
         result["draft_ms"] = ms[("draft", 1)]
         result["c"] = ms[("draft", 1)] / one
+    if prompt:
+        result |= prompt_rates(pipe, prompt)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return result
 
@@ -130,11 +155,13 @@ def passes(args: argparse.Namespace) -> None:
     if len(args.artifacts) > 1:  # each in a process of its own: its memory, its thread pool
         for artifact in args.artifacts:
             command = [sys.executable, __file__, "passes", str(artifact), "--rounds"]
-            subprocess.run([*command, str(args.rounds)], check=True)
+            command += [str(args.rounds), "--prompt", str(args.prompt)]
+            subprocess.run(command, check=True)
         return
-    result = passes_of(args.artifacts[0], args.rounds)
+    result = passes_of(args.artifacts[0], args.rounds, args.prompt)
     figures = ", ".join(
-        f"{k} {v:.1f}" if k.endswith(("_ms", "_mb")) else f"{k} {v:.2f}" for k, v in result.items()
+        f"{k} {v:.1f}" if k.endswith(("_ms", "_mb", "_tps")) else f"{k} {v:.2f}"
+        for k, v in result.items()
     )
     print(f"{args.artifacts[0]}: {figures}", flush=True)
 
@@ -152,6 +179,7 @@ def main() -> None:
     many = sub.add_parser("passes")
     many.add_argument("artifacts", nargs="+", type=Path)
     many.add_argument("--rounds", type=int, default=20)
+    many.add_argument("--prompt", type=int, default=0, help="also the prompt rate on N tokens")
     args = parser.parse_args()
     matmul(args) if args.mode == "matmul" else passes(args)
 

@@ -46,9 +46,11 @@ def test_passes_reports_r_c_and_memory_of_a_pair(tmp_path: Path) -> None:
     draft = write_gguf(tmp_path / "d.gguf", "qwen2", seed=0, redraw=("blk.1.ffn_down.weight",))
     options = ExportOptions(max_length=256, precision="int4", kernels="specx")
     export_pair(str(target), [str(draft)], tmp_path / "art", options, lambda _m: None)
-    out = run("passes", str(tmp_path / "art"), "--rounds", "2")
+    out = run("passes", str(tmp_path / "art"), "--rounds", "2", "--prompt", "40")
     for key in ("target_ms", "r_k3", "r_k5", "r_k8", "draft_ms", "c", "peak_rss_mb"):
         assert f"{key} " in out
+    for key in ("target_prompt_tps", "draft_prompt_tps"):
+        assert float(out.split(f"{key} ")[1].split(",")[0]) > 0
 
 
 def test_compare_kernels_times_each_library_on_the_same_products() -> None:

@@ -152,7 +152,7 @@ constexpr int kMaxRows = 8;  // AVX-512VL has 32 vector registers
 // Passes of this many rows or more take two columns a tile (small_pair_tile), at most
 // kPairMaxRows rows a tile; both may be set at build time for measurement.
 #ifndef SPECX_PAIR_ROWS
-#define SPECX_PAIR_ROWS 2
+#define SPECX_PAIR_ROWS 3
 #endif
 #ifndef SPECX_PAIR_MAX_ROWS
 #define SPECX_PAIR_MAX_ROWS 16
