@@ -339,16 +339,25 @@ def rewrite_to_gqa(src: Source, into: Path, length: int, copy: bool, pair_id: st
     props = {p.key: p.value for p in model.metadata_props}
     onnx.helper.set_model_props(model, {**props, **stamps})
     into.mkdir(parents=True)
-    for f in src.files[1:]:
-        (into / f.name).symlink_to(f.resolve()) if not copy else _copy(f, into / f.name)
+    for f in src.files[1:]:  # the external data, under its own name beside the new graph
+        _place(f, into / f.name, copy)
     out = into / src.graph.name
     onnx.save(model, str(out))
     return out
 
 
-def _copy(source: Path, target: Path) -> None:
+def _place(source: Path, target: Path, copy: bool) -> None:
+    """A hard link (or a copy where asked, or across file systems): ONNX Runtime refuses external
+    data that a symbolic link leads out of the graph's own folder."""
+    import os
     import shutil
 
+    if not copy:
+        try:
+            os.link(source.resolve(), target)
+            return
+        except OSError:
+            pass
     shutil.copy2(source, target)
 
 

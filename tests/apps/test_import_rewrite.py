@@ -179,3 +179,39 @@ def test_an_onnx_community_q4_variant_imports_and_rewrites_with_its_int4_project
     ops = {n.op_type for n in graph.graph.node}
     assert {"MatMulNBits", "GroupQueryAttention"} <= ops and "Softmax" not in ops
     assert texts[0] == texts[1]
+
+
+def test_external_data_is_linked_where_onnx_runtime_reads_it_and_every_reader_loads_it(
+    optimum_folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """Weights in model.onnx_data (Optimum's layout for large models): the graph as exported is
+    linked with its data (symbolic links, resolved together); a rewritten graph, a new file,
+    gets its data hard-linked beside it (ONNX Runtime refuses data a symbolic link leads out of
+    the graph's folder) or copied with --copy."""
+    import shutil
+
+    import onnx
+    from libspecx_tools import Library
+
+    folder = tmp_path / "external"
+    folder.mkdir()
+    for f in ("config.json", "tokenizer.json"):
+        shutil.copy2(optimum_folders["qwen2"] / f, folder / f)
+    model = onnx.load(str(optimum_folders["qwen2"] / "model.onnx"))
+    onnx.save(model, str(folder / "model.onnx"), save_as_external_data=True,
+              location="model.onnx_data", size_threshold=0)  # fmt: skip
+    texts = []
+    for name, options in (("plain", ImportOptions()), ("gqa", REWRITE),
+                          ("copied", ImportOptions(rewrite="gqa", copy=True))):  # fmt: skip
+        import_pair(folder, ["ngram"], tmp_path / name, options, lambda _: None)
+        data = tmp_path / name / "target" / "model.onnx_data"
+        assert data.is_symlink() == (name == "plain")
+        assert data.stat().st_nlink == (2 if name == "gqa" else 1)
+        texts.append(Pipeline.load(tmp_path / name).generate(PROMPT, max_new_tokens=30, k=0))
+        native = Library().load(tmp_path / name)
+        try:
+            got = native.generate(texts[-1].prompt_token_ids, 30, 0, "ngram").tokens
+            assert got == texts[-1].token_ids, name
+        finally:
+            native.close()
+    assert texts[0].token_ids == texts[1].token_ids == texts[2].token_ids
