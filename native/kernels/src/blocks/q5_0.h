@@ -44,6 +44,12 @@ struct Q5Legacy {
     explicit Simd(const uint8_t* b) : block(b) {}
     __m256i codes(int) const {
       const __m256i low = split_nibbles(block + kHigh + 4);
+#if SPECX_AVX512
+      // byte i of the 32: 0x10 where bit i of qh is set (qh as the byte mask itself)
+      const __m256i w = _mm256_mask_add_epi8(low, static_cast<__mmask32>(high_bits(block)), low,
+                                            _mm256_set1_epi8(0x10));
+      return Offset ? w : _mm256_sub_epi8(w, _mm256_set1_epi8(16));
+#else
       // byte i of the 32: 0x10 where bit i of qh is set
       const __m256i word = _mm256_set1_epi32(static_cast<int>(high_bits(block)));
       const __m256i spread = _mm256_shuffle_epi8(
@@ -53,6 +59,7 @@ struct Q5Legacy {
       const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
       const __m256i w = _mm256_or_si256(low, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
       return Offset ? w : _mm256_sub_epi8(w, _mm256_set1_epi8(16));
+#endif
     }
     __m256 scales(int) const { return _mm256_set1_ps(read_half(block)); }
     float offset(int) const { return Offset ? read_half(block + 2) : 0.0f; }
