@@ -318,3 +318,30 @@ def test_an_fp16_variant_imports_and_every_reader_gives_the_same_tokens(
     consumer = reference_consumer()
     got = consumer.generate(out, list(pipe.encode_prompt(PROMPT)), 48, "suffix", 4, None)
     assert got["token_ids"] == drafted.token_ids
+
+
+def test_a_q4f16_variant_imports_and_decodes_speculatively_as_its_target_alone(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """onnx-community's q4f16 variant: ONNX Runtime's float16 converter, then its MatMulNBits
+    quantizer, over Optimum's graph (fp16 caches and logits, int4 projections)."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    community = tmp_path / "community"
+    (community / "onnx").mkdir(parents=True)
+    for f in ("config.json", "tokenizer.json"):
+        shutil.copy2(folders["qwen2"] / f, community / f)
+    half = convert_float_to_float16(onnx.load(str(folders["qwen2"] / "model.onnx")))
+    quantizer = MatMulNBitsQuantizer(half, block_size=32)
+    quantizer.process()
+    quantizer.model.save_model_to_file(str(community / "onnx" / "model_q4f16.onnx"), False)
+    options = ImportOptions(variant="q4f16")
+    manifest = import_pair(community, ["ngram"], tmp_path / "art", options, lambda _: None)
+    assert (manifest.target.variant, manifest.target.dtype) == ("q4f16", "float16")
+    assert manifest.target.parity["argmax_agreement"] == 1.0
+    pipe = Pipeline.load(tmp_path / "art")
+    alone = pipe.generate(PROMPT + PROMPT, max_new_tokens=40, k=0).token_ids
+    for k in (1, 4, "auto"):
+        assert pipe.generate(PROMPT + PROMPT, max_new_tokens=40, k=k).token_ids == alone, k
