@@ -81,3 +81,33 @@ def exact_first_two(
         for b in range(vocab):
             joint[(a, b)] = float(p1[a] * p2[a, b])
     return joint
+
+
+def sampled_first_two(
+    pipe: Any,
+    prompt: np.ndarray,
+    params: Any,
+    k: int | str,
+    eos: int,
+    samples: int,
+    max_new_tokens: int = 4,
+) -> list[tuple[int, int]]:
+    """The first two tokens of `samples` seeded generations (seeds 0 .. samples - 1) as
+    (first, second or STOP) pairs, for chi_square_p_value against exact_first_two."""
+    import dataclasses
+
+    pairs = []
+    for seed in range(samples):
+        seeded = dataclasses.replace(params, seed=seed)
+        ids = pipe.generate(prompt, max_new_tokens=max_new_tokens, k=k, sampling=seeded).token_ids
+        pairs.append((ids[0], STOP if ids[0] == eos else ids[1]))
+    return pairs
+
+
+def accept_everything_invariant(draft: np.ndarray, p_target: np.ndarray, e: Any) -> tuple[int, int]:
+    """A broken invariant verifier, the negative control of the sampling tests: every draft token
+    accepted, the next drawn from the target."""
+    from specx.runtime.verification.sampling import race
+
+    k = len(draft)
+    return k, int(race(p_target[k], e[k]))

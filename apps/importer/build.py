@@ -23,7 +23,7 @@ from specx.apps.importer.checks import (
     same_tokenizer,
 )
 from specx.apps.importer.layout import Source, recognise
-from specx.apps.importer.rewrite import gqa_io, rewrite_to_gqa
+from specx.apps.importer.rewrite import rewrite_to_gqa
 from specx.runtime.artifact import contract
 from specx.runtime.artifact.contract import Manifest, ModelSpec, SpecialTokens
 from specx.runtime.drafters.registry import keyword_kind, model_free_kinds
@@ -158,16 +158,13 @@ def _rewritten(
     """The source's graph with GroupQueryAttention layers, checked against the original; its
     spec carries that check as `parity` for the caller to file."""
     into = folder / spec.name
-    graph = rewrite_to_gqa(src, into, spec.max_length, options.copy, pair_id)
-    inputs, outputs = gqa_io(src)
-    rewritten = dataclasses.replace(
-        spec,
-        graph=f"{spec.name}/{graph.name}",
-        inputs=inputs,
-        outputs=outputs,
-        attention="gqa",
-        weight_bytes=sum(f.stat().st_size for f in into.iterdir()),
-    )
+    gqa = dataclasses.replace(
+        spec, graph=f"{spec.name}/{src.graph.name}", attention="gqa", inputs=(), outputs=()
+    )  # its I/O: the contract's for a gqa graph without position_ids
+    gqa = dataclasses.replace(gqa, inputs=gqa.expected_inputs(), outputs=gqa.expected_outputs())
+    graph = rewrite_to_gqa(src, gqa, into, options.copy, pair_id)
+    weights = sum(f.stat().st_size for f in into.iterdir())
+    rewritten = dataclasses.replace(gqa, weight_bytes=weights)
     check = rewrite_parity(src.graph, spec, graph, rewritten, ids)
     log(
         f"  {spec.name}: attention rewritten as GroupQueryAttention; against the original graph: "

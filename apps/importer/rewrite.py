@@ -29,6 +29,7 @@ import numpy as np
 
 from specx.apps.importer.layout import Source
 from specx.runtime.artifact import contract
+from specx.runtime.artifact.contract import ModelSpec
 from specx.runtime.errors import InputError
 
 PROJECTIONS = ("MatMul", "MatMulNBits", "Gemm")  # a weight initializer at input 1
@@ -62,7 +63,6 @@ class _Graph:
     """Producers, consumers and constant values of one GraphProto."""
 
     def __init__(self, graph: Any, numpy_helper: Any) -> None:
-        self.graph = graph
         self.producer = {o: n for n in graph.node for o in n.output}
         self.consumers: dict[str, list[Any]] = defaultdict(list)
         for n in graph.node:
@@ -243,7 +243,7 @@ def _layer(g: _Graph, i: int, src: Source) -> _Layer:
 
 
 def _rotary_tables(
-    onnx: Any, model: Any, g: _Graph, layers: list[_Layer], src: Source, length: int
+    model: Any, g: _Graph, layers: list[_Layer], src: Source, length: int
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Each layer's (cos, sin) tables [length, head_dim / 2], computed by the graph's own rotary
     subgraph (its scaling and base included) at positions 0 .. length - 1."""
@@ -251,15 +251,7 @@ def _rotary_tables(
     from onnx import external_data_helper, helper
 
     wanted = sorted({name for layer in layers for name in (layer.cos, layer.sin)})
-    needed, queue = set(), deque(wanted)
-    while queue:  # the nodes the factors depend on
-        name = queue.popleft()
-        node = g.producer.get(name)
-        if node is None or node.output[0] in needed:
-            continue
-        needed.add(node.output[0])
-        queue.extend(node.input)
-    nodes = [n for n in model.graph.node if n.output[0] in needed]
+    nodes = _live(list(model.graph.node), wanted)  # the nodes the factors depend on
     used = {i for n in nodes for i in n.input}
     inits = [g.initializers[i] for i in sorted(used & set(g.initializers))]
     for tensor in inits:
@@ -301,22 +293,25 @@ def _rotary_feeds(session: Any, src: Source, length: int) -> dict[str, np.ndarra
             feeds[inp.name] = np.ones((1, length), dtype=np.int64)
         elif inp.name == contract.INPUT_IDS:
             feeds[inp.name] = np.zeros((1, length), dtype=np.int64)
-        else:  # a past: empty
-            dtype = np.float16 if src.dtype == "float16" else np.float32
-            feeds[inp.name] = np.zeros((1, src.kv_heads, 0, src.head_dim), dtype=dtype)
+        else:  # a past (float32: rewrite_to_gqa takes no other): empty
+            feeds[inp.name] = np.zeros((1, src.kv_heads, 0, src.head_dim), dtype=np.float32)
     return feeds
 
 
-def rewrite_to_gqa(src: Source, into: Path, length: int, copy: bool, pair_id: str) -> Path:
-    """Write `src`'s graph with GroupQueryAttention layers (the "gqa" contract) into `into`,
-    beside its external-data files (linked or copied), stamped with the artifact's pair id and
-    its rotary tables' length as specx's exports are. Returns the new graph's path."""
+def rewrite_to_gqa(src: Source, spec: ModelSpec, into: Path, copy: bool, pair_id: str) -> Path:
+    """Write `src`'s graph with GroupQueryAttention layers into `into` with `spec`'s inputs and
+    outputs (the "gqa" contract), beside its external-data files (linked or copied), stamped with
+    the artifact's pair id and its rotary tables' length (`spec.max_length`) as specx's exports
+    are. Returns the new graph's path."""
+    length = spec.max_length
     if src.attention != "concat":
         raise InputError(f"{src.folder}: --rewrite gqa rewrites Optimum graphs; a GenAI "
                          "graph already runs GroupQueryAttention", PLAIN_IMPORT)  # fmt: skip
-    if src.dtype != "float32":
+    logits = next(t.dtype for t in src.outputs if t.name == contract.LOGITS)
+    if (src.dtype, logits) != ("float32", "float32"):
         raise InputError(
-            f"{src.graph.name}: --rewrite gqa takes float32 caches, not {src.dtype}",
+            f"{src.graph.name}: --rewrite gqa takes float32 caches and logits, not {src.dtype} "
+            f"and {logits}",
             "import its fp32 or q4 variant, or " + PLAIN_IMPORT,
         )
     window = src.config.get("sliding_window")
@@ -333,8 +328,8 @@ def rewrite_to_gqa(src: Source, into: Path, length: int, copy: bool, pair_id: st
     model = onnx.load(str(src.graph), load_external_data=False)
     g = _Graph(model.graph, numpy_helper)
     layers = [_layer(g, i, src) for i in range(src.num_layers)]
-    tables = _rotary_tables(onnx, model, g, layers, src, length)
-    _assemble(onnx, model, layers, tables, src)
+    tables = _rotary_tables(model, g, layers, src, length)
+    _assemble(onnx, model, layers, tables, src, spec)
     stamps = {contract.PAIR_ID_KEY: pair_id, contract.MAX_LENGTH_KEY: str(length)}
     props = {p.key: p.value for p in model.metadata_props}
     onnx.helper.set_model_props(model, {**props, **stamps})
@@ -367,13 +362,14 @@ def _assemble(
     layers: list[_Layer],
     tables: list[tuple[np.ndarray, np.ndarray]],
     src: Source,
+    spec: ModelSpec,
 ) -> None:
-    """Replace each layer's attention by a GroupQueryAttention node, the graph's I/O by the gqa
-    contract's, and drop what nothing reads any more."""
+    """Replace each layer's attention by a GroupQueryAttention node, the graph's I/O by `spec`'s,
+    and drop what nothing reads any more."""
     from onnx import helper, numpy_helper
 
     graph = model.graph
-    heads = int(src.config.get("num_attention_heads", 0))
+    heads = spec.num_heads
     if heads <= 0 or heads % src.kv_heads:
         raise _refuse(src.graph, f"num_attention_heads {heads} over {src.kv_heads} kv heads")
     named, initializers = _table_initializers(tables, numpy_helper)
@@ -381,6 +377,8 @@ def _assemble(
     before = {layer.out_node.output[0]: (i, layer) for i, layer in enumerate(layers)}
     nodes = []
     for node in graph.node:
+        copied = onnx.NodeProto()
+        copied.CopyFrom(node)
         if node.output[0] in before:
             i, layer = before[node.output[0]]
             cos, sin = named[i]
@@ -394,20 +392,14 @@ def _assemble(
                 num_heads=heads, kv_num_heads=src.kv_heads, scale=layer.scale, do_rotary=1,
                 rotary_interleaved=0, local_window_size=-1,
             ))  # fmt: skip
-            copied = onnx.NodeProto()
-            copied.CopyFrom(node)
             copied.input[layer.out_index] = attended
-            nodes.append(copied)
-        else:
-            copied = onnx.NodeProto()
-            copied.CopyFrom(node)
-            nodes.append(copied)
+        nodes.append(copied)
     del graph.node[:]
     graph.node.extend(_live(nodes, [contract.LOGITS] + [
         name for i in range(src.num_layers)
         for name in (contract.present_key(i), contract.present_value(i))
     ]))  # fmt: skip
-    _io(graph, src, helper)
+    _io(graph, spec, helper)
     read = {i for n in graph.node for i in n.input}
     gone = sorted(
         read & {contract.ATTENTION_MASK, contract.POSITION_IDS}
@@ -459,24 +451,12 @@ def _live(nodes: list[Any], outputs: list[str]) -> list[Any]:
     return [n for n in nodes if n.output[0] in needed]
 
 
-def _io(graph: Any, src: Source, helper: Any) -> None:
-    """The gqa contract's inputs and outputs (names, dtypes, symbolic dims)."""
-    ins, outs = gqa_io(src)
+def _io(graph: Any, spec: ModelSpec, helper: Any) -> None:
+    """The graph's inputs and outputs as `spec` lists them (names, dtypes, symbolic dims)."""
     types = {"float32": 1, "float16": 10, "int64": 7, "int32": 6}
     del graph.input[:]
     graph.input.extend(helper.make_tensor_value_info(t.name, types[t.dtype], list(t.shape))
-                       for t in ins)  # fmt: skip
+                       for t in spec.inputs)  # fmt: skip
     del graph.output[:]
     graph.output.extend(helper.make_tensor_value_info(t.name, types[t.dtype], list(t.shape))
-                        for t in outs)  # fmt: skip
-
-
-def gqa_io(src: Source) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """The rewritten graph's inputs and outputs as the manifest records them."""
-    logits = next(t for t in src.outputs if t.name == contract.LOGITS)
-    vocab = logits.shape[2] if isinstance(logits.shape[2], int) else int(src.config["vocab_size"])
-    ins = contract.graph_inputs(src.num_layers, src.kv_heads, src.head_dim, "float32", "gqa",
-                                position_ids=False)  # fmt: skip
-    outs = contract.graph_outputs(src.num_layers, src.kv_heads, src.head_dim, vocab, "float32",
-                                  "gqa", logits_dtype=logits.dtype)  # fmt: skip
-    return ins, outs
+                        for t in spec.outputs)  # fmt: skip

@@ -29,11 +29,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+if TYPE_CHECKING:
+    from specx.runtime import Pipeline
 WIDTHS = (1, 4, 6, 9)  # tokens a pass: one, then K + 1 for K = 3, 5, 8
 
 
@@ -89,14 +92,14 @@ def matmul(args: argparse.Namespace) -> None:
         )
 
 
-def prompt_rates(pipe: object, n: int, repeats: int = 3) -> dict[str, float]:
+def prompt_rates(pipe: Pipeline, n: int, repeats: int = 3) -> dict[str, float]:
     """Prompt tokens/s of the target and the first draft: an n-token prompt read into an empty
     cache (the runtime's own prefill, its chunks), median of `repeats`."""
-    vocab = int(pipe.manifest.target.vocab_size)  # type: ignore[attr-defined]
+    vocab = pipe.manifest.target.vocab_size
     ids = (np.arange(n, dtype=np.int64) * 7919) % min(20000, vocab - 3) + 3  # [n], in the vocab
-    models = [("target", pipe.target)]  # type: ignore[attr-defined]
-    if pipe.manifest.drafts:  # type: ignore[attr-defined]
-        models.append(("draft", pipe.draft_session(pipe.manifest.drafts[0])))  # type: ignore[attr-defined]
+    models = [("target", pipe.target)]
+    if pipe.manifest.drafts:
+        models.append(("draft", pipe.draft_session(pipe.manifest.drafts[0])))
     rates = {}
     for name, session in models:
         cache = session.new_cache(n + 16)

@@ -5,7 +5,6 @@ the same test catches a verifier that accepts every draft token."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,8 @@ from optimum_models import needs_optimum
 
 from specx.apps.importer import ImportOptions, import_pair
 from specx.runtime import Pipeline, SamplingParams
-from specx.runtime.verification.sampling import race, warp
-from stats_tools import STOP, chi_square_p_value
+from specx.runtime.verification.sampling import warp
+from stats_tools import STOP, accept_everything_invariant, chi_square_p_value, sampled_first_two
 
 pytestmark = needs_optimum
 ALPHA = 1e-3
@@ -51,12 +50,7 @@ def exact_first_two(pipe: Pipeline, params: SamplingParams, eos: int) -> dict[An
 
 
 def sampled_pairs(pipe: Pipeline, k: int | str, eos: int) -> list[Any]:
-    pairs = []
-    for seed in range(SAMPLES):
-        params = dataclasses.replace(PARAMS, seed=seed)
-        ids = pipe.generate(PROMPT, max_new_tokens=4, k=k, sampling=params).token_ids
-        pairs.append((ids[0], STOP if ids[0] == eos else ids[1]))
-    return pairs
+    return sampled_first_two(pipe, PROMPT, PARAMS, k, eos, SAMPLES)
 
 
 @pytest.mark.parametrize("k", [0, 4, "auto"])
@@ -75,10 +69,7 @@ def test_the_same_test_catches_a_verifier_that_accepts_every_draft_token(
 ) -> None:
     import specx.runtime.verification.verifier as verifier
 
-    def accept_everything(draft: np.ndarray, p_target: np.ndarray, e: Any) -> tuple[int, int]:
-        return len(draft), int(race(p_target[len(draft)], e[len(draft)]))
-
-    monkeypatch.setattr(verifier, "verify_invariant", accept_everything)
+    monkeypatch.setattr(verifier, "verify_invariant", accept_everything_invariant)
     pipe = Pipeline.load(pair)
     eos = pipe.manifest.special_tokens.eos_token_ids[0]
     expected = exact_first_two(pipe, PARAMS, eos)

@@ -292,13 +292,9 @@ def test_the_batched_chi_square_catches_a_broken_verifier(
     """The negative control: a verifier that accepts every draft token fails the same test."""
     import specx.runtime.verification.verifier as generate
     from specx.runtime import SamplingParams
-    from specx.runtime.verification.sampling import race
-    from stats_tools import chi_square_p_value
+    from stats_tools import accept_everything_invariant, chi_square_p_value
 
-    def accept_everything(draft: np.ndarray, p_target: np.ndarray, e: Any) -> tuple[int, int]:
-        return len(draft), int(race(p_target[len(draft)], e[len(draft)]))
-
-    monkeypatch.setattr(generate, "verify_invariant", accept_everything)
+    monkeypatch.setattr(generate, "verify_invariant", accept_everything_invariant)
     artifact, target = small_batched
     params = SamplingParams(temperature=1.0)
     eos = Pipeline.load(artifact).manifest.special_tokens.eos_token_ids[0]

@@ -17,8 +17,13 @@ import pytest
 
 from conftest import TinyPair, needs_exporter
 from specx.runtime import Pipeline, SamplingParams
-from specx.runtime.verification.sampling import race, sample
-from stats_tools import STOP, chi_square_p_value, exact_first_two
+from specx.runtime.verification.sampling import sample
+from stats_tools import (
+    accept_everything_invariant,
+    chi_square_p_value,
+    exact_first_two,
+    sampled_first_two,
+)
 
 pytestmark = needs_exporter
 
@@ -28,12 +33,7 @@ PROMPT = np.array([0, 5, 9, 4], dtype=np.int64)
 
 
 def sampled_pairs(pipe: Pipeline, params: SamplingParams, k: int | str, eos: int) -> list[Any]:
-    pairs = []
-    for seed in range(SAMPLES):
-        seeded = dataclasses.replace(params, seed=seed)
-        ids = pipe.generate(PROMPT, max_new_tokens=6, k=k, sampling=seeded).token_ids
-        pairs.append((ids[0], STOP if ids[0] == eos else ids[1]))
-    return pairs
+    return sampled_first_two(pipe, PROMPT, params, k, eos, SAMPLES, max_new_tokens=6)
 
 
 CASES = [
@@ -88,11 +88,6 @@ def test_temperature_zero_is_the_exact_greedy_path(small_vocab_pair: TinyPair) -
     greedy = pipe.generate(PROMPT, max_new_tokens=30, k=0).token_ids
     spec = pipe.generate(PROMPT, max_new_tokens=30, k=4, temperature=0.0, seed=1).token_ids
     assert spec == greedy
-
-
-def accept_everything_invariant(draft: np.ndarray, p_target: np.ndarray, e: Any) -> tuple[int, int]:
-    k = len(draft)
-    return k, int(race(p_target[k], e[k]))
 
 
 def accept_everything_rejection(

@@ -7,8 +7,10 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "blocks/q4_0.h"
 #include "blocks/q4_k.h"
@@ -149,16 +151,10 @@ constexpr int kAheadBytes = 512;  // blocks of 32: this far on, one prefetch a b
 
 #if SPECX_ISA == 2
 constexpr int kMaxRows = 8;  // AVX-512VL has 32 vector registers
-// Passes of this many rows or more take two columns a tile (small_pair_tile), at most
-// kPairMaxRows rows a tile; both may be set at build time for measurement.
-#ifndef SPECX_PAIR_ROWS
-#define SPECX_PAIR_ROWS 3
-#endif
-#ifndef SPECX_PAIR_MAX_ROWS
-#define SPECX_PAIR_MAX_ROWS 16
-#endif
-constexpr int64_t kPairRows = SPECX_PAIR_ROWS;
-constexpr int64_t kPairMaxRows = SPECX_PAIR_MAX_ROWS;
+// Passes of this many rows or more take two columns a tile (small_pair_tile; 2 rows measured
+// slower, docs/bench/measurements.md), at most kPairMaxRows rows a tile.
+constexpr int64_t kPairRows = 3;
+constexpr int kPairMaxRows = 16;
 #else
 constexpr int kMaxRows = 4;
 #endif
@@ -406,27 +402,16 @@ void small_pair_tile(const MatMulJob& job, int64_t n, int64_t m0) {
   }
 }
 
+// small_pair_tile<F, R> for R = 1 .. kPairMaxRows, indexed by R - 1.
+template <class F, size_t... R>
+constexpr auto pair_tiles(std::index_sequence<R...>) {
+  return std::array{&small_pair_tile<F, static_cast<int>(R) + 1>...};
+}
+
 template <class F>
 void pair_rows_tile(const MatMulJob& job, int64_t n, int64_t m0, int rows) {
-  switch (rows) {
-    case 1: return small_pair_tile<F, 1>(job, n, m0);
-    case 2: return small_pair_tile<F, 2>(job, n, m0);
-    case 3: return small_pair_tile<F, 3>(job, n, m0);
-    case 4: return small_pair_tile<F, 4>(job, n, m0);
-    case 5: return small_pair_tile<F, 5>(job, n, m0);
-    case 6: return small_pair_tile<F, 6>(job, n, m0);
-    case 7: return small_pair_tile<F, 7>(job, n, m0);
-    case 8: return small_pair_tile<F, 8>(job, n, m0);
-    case 9: return small_pair_tile<F, 9>(job, n, m0);
-    case 10: return small_pair_tile<F, 10>(job, n, m0);
-    case 11: return small_pair_tile<F, 11>(job, n, m0);
-    case 12: return small_pair_tile<F, 12>(job, n, m0);
-    case 13: return small_pair_tile<F, 13>(job, n, m0);
-    case 14: return small_pair_tile<F, 14>(job, n, m0);
-    case 15: return small_pair_tile<F, 15>(job, n, m0);
-    case 16: return small_pair_tile<F, 16>(job, n, m0);
-    default: return;
-  }
+  static constexpr auto kTiles = pair_tiles<F>(std::make_index_sequence<kPairMaxRows>{});
+  kTiles[static_cast<size_t>(rows - 1)](job, n, m0);
 }
 #endif
 
