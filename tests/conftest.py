@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+pytest_plugins = ["scratch"]  # big fixtures' folders deleted once no later test needs them
 # In-process CLI tests (click's CliRunner) must not switch this test process to onnxruntime's
 # global thread pool: raw onnxruntime sessions in other tests would then be refused. Subprocess
 # tests drop this variable and exercise the CLI's default (global pool).
@@ -62,21 +63,25 @@ def qwen_sources() -> tuple[str, str, str] | None:
 
 
 @pytest.fixture(scope="session")
-def smollm2_artifact(tmp_path_factory: Any) -> Path:
+def smollm2_artifact(request: Any, tmp_path_factory: Any) -> Path:
     """SmolLM2 exported with its int8 draft and n-gram lookup, once per test session."""
+    from scratch import fixture_dir
+
     from specx.exporter import ExportOptions, export_pair
 
     gguf = smollm2_gguf()
     if gguf is None:
         pytest.skip("SPECX_SMOLLM2_GGUF is not set")
-    out = tmp_path_factory.mktemp("smollm2") / "artifact"
+    out = fixture_dir(request, tmp_path_factory, "smollm2") / "artifact"
     export_pair(str(gguf), ["int8", "ngram"], out, ExportOptions(max_length=512), log=print)
     return out
 
 
 @pytest.fixture(scope="session")
-def qwen_artifact(tmp_path_factory: Any) -> Path:
+def qwen_artifact(request: Any, tmp_path_factory: Any) -> Path:
     """The Qwen pair exported int4 (the 0.5B drafting for the 1.5B), once per test session."""
+    from scratch import fixture_dir
+
     from specx.exporter import ExportOptions, export_pair
 
     sources = qwen_sources()
@@ -85,7 +90,7 @@ def qwen_artifact(tmp_path_factory: Any) -> Path:
     target, draft, reuse = sources
     if reuse:
         return Path(reuse)
-    out = tmp_path_factory.mktemp("qwen") / "artifact"
+    out = fixture_dir(request, tmp_path_factory, "qwen") / "artifact"
     export_pair(target, [draft], out, ExportOptions(max_length=1024, precision="int4"), log=print)
     return out
 

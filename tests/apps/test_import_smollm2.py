@@ -12,10 +12,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from optimum_models import OPTIMUM_PYTHON
+from scratch import fixture_dir
 
 from specx.apps.importer import ImportOptions, import_pair
 from specx.runtime import Pipeline
@@ -30,9 +32,9 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def folders(request: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the Hugging Face folder, Optimum's export of it with the tokenizer beside the graph)."""
-    root = tmp_path_factory.mktemp("smollm2-optimum")
+    root = fixture_dir(request, tmp_path_factory, "smollm2-optimum")
     hf, onnx = root / "hf", root / "onnx"
     convert = [sys.executable, str(ROOT / "scripts" / "gguf_to_hf.py"), GGUF, str(hf)]
     subprocess.run(convert, check=True, capture_output=True, timeout=900)

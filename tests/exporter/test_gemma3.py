@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from scratch import fixture_dir
 
 from conftest import needs_exporter
 from specx.runtime import Pipeline
@@ -35,10 +36,10 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def gemma3(tmp_path_factory: Any) -> Path:
+def gemma3(request: Any, tmp_path_factory: Any) -> Path:
     from specx.exporter import ExportOptions, export_pair
 
-    out = tmp_path_factory.mktemp("gemma3") / "artifact"
+    out = fixture_dir(request, tmp_path_factory, "gemma3") / "artifact"
     export_pair(GGUF, ["ngram+int8"], out, ExportOptions(max_length=512), log=print)
     return out
 

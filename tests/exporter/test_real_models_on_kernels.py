@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from kernel_tools import kernels_path
+from scratch import fixture_dir
 
 from conftest import needs_exporter
 from specx.runtime import Pipeline
@@ -45,7 +46,7 @@ def artifact(request: Any, tmp_path_factory: Any) -> Path:
 
     source = _source(request.param)
     kernels_path()  # skipped (or failed, where the test command requires it) without the library
-    out = tmp_path_factory.mktemp(request.param) / "artifact"
+    out = fixture_dir(request, tmp_path_factory, request.param) / "artifact"
     options = ExportOptions(max_length=256, precision="int4", kernels="specx")
     export_pair(source, ["ngram"], out, options, log=print)
     return out
