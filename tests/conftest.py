@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-pytest_plugins = ["scratch"]  # big fixtures' folders deleted once no later test needs them
+pytest_plugins = ["scratch", "pytester"]  # scratch: big fixtures' folders go once unused
 # In-process CLI tests (click's CliRunner) must not switch this test process to onnxruntime's
 # global thread pool: raw onnxruntime sessions in other tests would then be refused. Subprocess
 # tests drop this variable and exercise the CLI's default (global pool).
