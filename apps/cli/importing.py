@@ -19,7 +19,8 @@ from specx.apps.cli.common import debug_option, user_errors
     "drafts",
     multiple=True,
     help="Draft (repeatable; the first is the default): a draft's ONNX folder (NAME=PATH names "
-    "it) or a model-free drafter (ngram, suffix).",
+    "it), a specx artifact's model draft as exported (NAME=ARTIFACT: its draft NAME, else its "
+    "default), or a model-free drafter (ngram, suffix).",
 )
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
 @click.option(

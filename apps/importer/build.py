@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from specx.apps.importer.borrowed import Borrowed, borrow, borrowed_spec, is_artifact
 from specx.apps.importer.checks import (
     CHECK_TEXT,
     load_tokenizer,
@@ -69,7 +70,7 @@ def _draft_entries(drafts: list[str]) -> list[tuple[str, Path | None]]:
     return entries
 
 
-def _link_or_copy(source: Source, into: Path, copy: bool) -> None:
+def _link_or_copy(source: Source | Borrowed, into: Path, copy: bool) -> None:
     into.mkdir(parents=True)
     for f in source.files:  # the graph and its external data keep their names: the graph
         target = into / f.name  # finds its data files beside itself
@@ -202,11 +203,13 @@ def import_pair(
         raise InputError(f"--check-k must be >= 1, got {options.check_k}")
     log(f"target: {target}")
     tsrc = recognise(target, options.variant)
-    sources = [("target", "target", tsrc)]
+    sources: list[tuple[str, str, Source | Borrowed]] = [("target", "target", tsrc)]
     for name, folder in entries:
         if folder is not None:
             log(f"draft {name!r}: {folder}")
-            dsrc = recognise(folder, options.variant)
+            dsrc: Source | Borrowed = (
+                borrow(folder, name) if is_artifact(folder) else recognise(folder, options.variant)
+            )
             same_tokenizer(tsrc.tokenizer, dsrc.tokenizer)
             sources.append(("draft", name, dsrc))
     staged = _staging(output, options.force)
@@ -222,12 +225,13 @@ def import_pair(
 
 def _write(
     folder: Path,
-    sources: list[tuple[str, str, Source]],
+    sources: list[tuple[str, str, Source | Borrowed]],
     entries: list[tuple[str, Path | None]],
     options: ImportOptions,
     log: Log,
 ) -> Manifest:
     tsrc = sources[0][2]
+    assert isinstance(tsrc, Source)  # the target is a folder's decoder, never borrowed
     shutil.copy2(tsrc.tokenizer, folder / contract.TOKENIZER_FILE)
     tokenizer = load_tokenizer(tsrc.tokenizer)
     ids = np.asarray(tokenizer.encode(CHECK_TEXT).ids, dtype=np.int64)
@@ -236,6 +240,9 @@ def _write(
     specs: list[ModelSpec] = []
     pair_id = uuid.uuid4().hex
     for role, name, src in sources:
+        if isinstance(src, Borrowed):
+            specs.append(_borrowed(src, name, folder, ids, options, log))
+            continue
         spec = _spec(src, role, name, options)
         rewritten = options.rewrite == "gqa" and src.attention == "concat"
         if rewritten:
@@ -269,19 +276,42 @@ def _write(
     return manifest
 
 
-def _record(sources: list[tuple[str, str, Source]], options: ImportOptions) -> dict[str, Any]:
+def _borrowed(
+    src: Borrowed, name: str, folder: Path, ids: np.ndarray, options: ImportOptions, log: Log
+) -> ModelSpec:
+    """A draft of another specx artifact, linked or copied as exported, checked like the rest;
+    the export's own parity kept beside the import's check."""
+    spec = borrowed_spec(src, name)
+    _link_or_copy(src, folder / name, options.copy)
+    parity = multi_token_parity(folder / spec.graph, spec, ids, options.check_k)
+    log(
+        f"  {name}: {src.spec.name} of {src.artifact} (export {src.pair_id}), {spec.variant}; "
+        f"a {options.check_k + 1}-token pass against one-token passes: max|dlogit| "
+        f"{parity['max_abs_logit_diff']:.1e}, argmax agrees {100 * parity['argmax_agreement']:.0f}%"
+    )
+    return dataclasses.replace(spec, parity={**parity, "export": src.spec.parity})
+
+
+def _record(
+    sources: list[tuple[str, str, Source | Borrowed]], options: ImportOptions
+) -> dict[str, Any]:
     from importlib.metadata import version
 
     return {
         "tool": "specx import",
         "specx": version("specx"),
-        "layouts": {name: src.attention for _, name, src in sources},
+        "layouts": {name: _layout(src) for _, name, src in sources},
         "graphs": "copied" if options.copy else "linked",
-        "sources": {name: str(src.graph.resolve()) for _, name, src in sources},
+        "sources": {name: str(src.files[0].resolve()) for _, name, src in sources},
         "options": {"max_length": options.max_length, "check_k": options.check_k},
         "rewrites": {
             name: "concat -> gqa"
             for _, name, src in sources
-            if options.rewrite == "gqa" and src.attention == "concat"
+            if options.rewrite == "gqa" and _layout(src) == "concat"
         },
     }
+
+
+def _layout(src: Source | Borrowed) -> str:
+    """How the import found the graph: "concat" or "genai", or "specx" (another artifact's)."""
+    return "specx" if isinstance(src, Borrowed) else src.attention

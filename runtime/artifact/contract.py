@@ -339,6 +339,9 @@ class ModelSpec:
     # custom-op libraries the graph needs ({"domain", "name", "version", "abi"}): the specx
     # kernels (runtime/kernels/library.py) for graphs exported with --kernels specx
     op_libraries: tuple[dict[str, Any], ...] = ()
+    # the export whose id the graph carries where it is not this artifact's (a draft `specx
+    # import` took from another specx artifact as it was exported); None: the manifest's pair_id
+    pair_id: str | None = None
 
     @property
     def cache_layout(self) -> tuple[str, ...]:
@@ -374,6 +377,8 @@ class ModelSpec:
             data["op_libraries"] = [dict(lib) for lib in self.op_libraries]
         else:
             del data["op_libraries"]
+        if self.pair_id is None:
+            del data["pair_id"]
         return data
 
     @staticmethod
@@ -411,6 +416,7 @@ class ModelSpec:
             feature_layers=tuple(int(t) for t in data.get("feature_layers", ())),
             head=HeadSpec.from_json(data["head"]) if data.get("head") is not None else None,
             op_libraries=tuple(dict(lib) for lib in data.get("op_libraries", ())),
+            pair_id=str(data["pair_id"]) if data.get("pair_id") is not None else None,
         )
 
     def expected_inputs(self) -> tuple[TensorSpec, ...]:

@@ -38,10 +38,11 @@ def open_graph(
         session = TensorRTSession(folder, spec, entry)
     else:
         session = OrtSession(folder / spec.graph, spec, providers, threads, alternating=alternating)
-    if session.pair_id is not None and session.pair_id != manifest.pair_id:
+    expected = spec.pair_id or manifest.pair_id  # a draft taken from another artifact: its own
+    if session.pair_id is not None and session.pair_id != expected:
         raise ArtifactError(
             f"{spec.graph} belongs to export {session.pair_id!r}, the manifest to "
-            f"{manifest.pair_id!r}: graphs from different exports are mixed",
+            f"{expected!r}: graphs from different exports are mixed",
             "use the folder of one `specx export` run as it was written",
         )
     return session

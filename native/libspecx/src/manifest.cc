@@ -94,6 +94,7 @@ ModelSpec model_spec(const Value& data, const std::string& where) {
   m.dtype = r.text(data, "dtype");
   if (m.dtype != "float32" && m.dtype != "float16") r.bad("dtype '" + m.dtype + "'");
   m.variant = r.text_or(data, "variant", "fp32");
+  m.pair_id = r.text_or(data, "pair_id", "");
   m.attention = r.text_or(data, "attention", "plain");
   if (m.attention != "plain" && m.attention != "gqa" && m.attention != "batched" &&
       m.attention != "concat" && m.attention != "genai")

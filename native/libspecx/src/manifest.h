@@ -31,6 +31,9 @@ struct ModelSpec {
   bool has_head = false;  // a feature draft (EAGLE head): not run by this library yet
   int64_t feature_size = 0;  // a target's `features` output width (0: none)
   std::vector<std::string> specx_ops;  // the graph's nodes in the specx domain (its kernels)
+  // the export whose id the graph carries where not the manifest's (a draft specx import took
+  // from another artifact); empty: the manifest's
+  std::string pair_id;
 
   bool has_input(const std::string& n) const;
   // An imported graph's count of last positions to return logits for (num_logits_to_keep or

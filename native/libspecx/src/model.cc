@@ -9,11 +9,17 @@ Ort::Env& ort_env() {
   return *env;
 }
 
+// The export a graph must carry: its own where the import took it from another artifact.
+const std::string& Model::pair_id_of(const ModelSpec& spec) const {
+  return spec.pair_id.empty() ? manifest_.pair_id : spec.pair_id;
+}
+
 Model::Model(const std::string& folder, const SessionConfig& config)
     : folder_(folder), config_(config), manifest_(read_manifest(folder)) {
   for (const ModelSpec& d : manifest_.drafts)
     if (d.graph != manifest_.target.graph) config_.alternating = true;
-  target_ = std::make_unique<Graph>(ort_env(), folder_, manifest_.target, manifest_.pair_id, config_);
+  target_ = std::make_unique<Graph>(ort_env(), folder_, manifest_.target,
+                                    pair_id_of(manifest_.target), config_);
   // registry.py's drafter_names: the drafts, the lookups, each draft behind each lookup, none
   for (const ModelSpec& d : manifest_.drafts) drafter_names_.push_back(d.name);
   drafter_names_.push_back("ngram");
@@ -35,7 +41,7 @@ Graph& Model::draft_graph(const ModelSpec& spec) const {
   if (spec.graph == manifest_.target.graph) return *target_;  // the target drafting for itself
   std::lock_guard<std::mutex> hold(drafts_lock_);
   std::unique_ptr<Graph>& graph = drafts_[spec.graph];
-  if (!graph) graph = std::make_unique<Graph>(ort_env(), folder_, spec, manifest_.pair_id, config_);
+  if (!graph) graph = std::make_unique<Graph>(ort_env(), folder_, spec, pair_id_of(spec), config_);
   return *graph;
 }
 

@@ -40,6 +40,7 @@ class Model {
 
  private:
   Graph& draft_graph(const ModelSpec& spec) const;
+  const std::string& pair_id_of(const ModelSpec& spec) const;
   std::unique_ptr<Drafter> model_drafter(const std::string& name) const;
   std::string folder_;
   SessionConfig config_;
