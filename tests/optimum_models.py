@@ -45,19 +45,24 @@ model.save_pretrained(out)
 
 
 def optimum_folder(
-    root: Path, family: str, seed: int = 0, noise: float = 0.0, past: bool = True
+    root: Path,
+    family: str,
+    seed: int = 0,
+    noise: float = 0.0,
+    past: bool = True,
+    task: str | None = None,
 ) -> Path:
     """An Optimum export of a tiny `family` model under root, with the tests' tokenizer beside it.
-    past=False: the cache-less graph of `--task text-generation`."""
+    past=False: the cache-less graph of `--task text-generation`; `task`: another task's."""
     from tiny_models import build_tokenizer, hf_tokenizer
 
-    name = f"{family}-{seed}-{noise}-{'past' if past else 'nopast'}"
+    task = task or ("text-generation-with-past" if past else "text-generation")
+    name = f"{family}-{seed}-{noise}-{task}"
     source, out = root / f"{name}-hf", root / name
     hf_tokenizer(build_tokenizer()).save_pretrained(source)
     make = [OPTIMUM_PYTHON, "-c", MAKE, family, str(source), str(seed), str(noise)]
     subprocess.run(make, check=True, capture_output=True, timeout=300)
     cli = Path(OPTIMUM_PYTHON).parent / "optimum-cli"
-    task = "text-generation-with-past" if past else "text-generation"
     export = [str(cli), "export", "onnx", "--model", str(source), "--task", task, str(out)]
     done = subprocess.run(export, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

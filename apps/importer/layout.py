@@ -142,6 +142,7 @@ def recognise(folder: Path, variant: str | None = None) -> Source:
         ) from e
     inputs, outputs = _specs(session.get_inputs()), _specs(session.get_outputs())
     head_dim = int(config["head_dim"]) if genai is not None else None
+    _check_task(graph, outputs)
     layers, kv_heads, head_dim, dtype = _cache_shape(graph, inputs, head_dim)
     _check_io(graph, inputs, outputs, layers)
     attention = "genai" if genai is not None else "concat"
@@ -194,6 +195,18 @@ def _genai_config(folder: Path) -> dict[str, Any] | None:
     return {"decoder": decoder, "config": {k: v for k, v in config.items() if v is not None}}
 
 
+def _check_task(graph: Path, outputs: tuple[TensorSpec, ...]) -> None:
+    """A text-generation decoder returns logits: anything else was exported for another task
+    (an encoder's or a feature extractor's hidden states), whatever its cache."""
+    names = [t.name for t in outputs]
+    if contract.LOGITS not in names:
+        raise InputError(
+            f"{graph.name} returns no logits (its outputs: {', '.join(names[:3])}"
+            f"{', ...' if len(names) > 3 else ''}): a graph for another task than text generation",
+            REEXPORT,
+        )
+
+
 def _cache_shape(
     graph: Path, inputs: tuple[TensorSpec, ...], head_dim: int | None
 ) -> tuple[int, int, int, str]:
@@ -242,10 +255,10 @@ def _check_io(
     mask = got_in.get(contract.ATTENTION_MASK)
     if mask is None or mask.dtype != "int64":
         raise InputError(f"{graph.name} has no int64 attention_mask input", REEXPORT)
-    logits = got_out.get(contract.LOGITS)
-    if logits is None or len(logits.shape) != 3 or logits.shape[1] == 1:
+    logits = got_out[contract.LOGITS]  # _check_task found it
+    if len(logits.shape) != 3 or logits.shape[1] == 1:
         raise InputError(
-            f"{graph.name} returns only the last position's logits (or none): verifying K draft "
+            f"{graph.name} returns only the last position's logits: verifying K draft "
             "tokens needs every position's",
             REEXPORT,
         )
