@@ -27,6 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from specx.apps.bench.session_costs import measure_costs, worst_priced
 from specx.runtime import GenerationSettings, InputError, Pipeline
 from specx.runtime.drafters.registry import NO_DRAFTER, benchmark_drafters
 from specx.runtime.prefix import PrefixConfig
@@ -50,6 +51,8 @@ class Turn:
     total_s: float
     target_passes: int
     answer_digest: str
+    pass_widths: dict[str, int] = field(default_factory=dict)  # target passes by width (specx)
+    draft_passes: int = 0
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -115,6 +118,8 @@ def specx_turn(pipe: Pipeline, conv: Conversation, text: str) -> None:
         total,
         s.target_passes,
         digest(result.text),
+        {str(w): n for w, n in sorted(s.pass_widths.items())},
+        s.draft_passes,
     )
     conv.turns.append(turn)
     conv.answers.append(result.text)
@@ -160,6 +165,7 @@ def run_specx_modes(
                 specx_turn(pipes[conv.mode["reuse"]], conv, text)
         for conv in convs:
             out[conv.mode["name"]][sname] = {
+                "drafter": conv.mode["drafter"],
                 "turns": [asdict(t) for t in conv.turns],
                 "answers": conv.answers,
             }
@@ -305,6 +311,8 @@ def run_session_bench(
         },
     }
     results["modes"] = run_specx_modes(artifact, threads, sessions, drafters, max_k, progress)
+    priced = Pipeline.load(artifact, threads=threads)
+    results["costs"] = measure_costs(priced, results["modes"], progress)
     if "llama.cpp" in peers:
         codec = Pipeline.load(artifact, threads=threads)  # the same template and tokenizer
         results["llama.cpp"] = run_llama_modes(
@@ -326,7 +334,11 @@ def session_rows(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
                 continue
             reference = LLAMA_REFERENCE if name.startswith("llama.cpp") else REFERENCE
             ref = modes.get(reference, {}).get(sname)
-            rows.setdefault(sname, []).append(_row(name, per_session[sname], ref))
+            row = _row(name, per_session[sname], ref)
+            cost = results.get("costs", {}).get(sname)
+            auto = "K=auto" in name and name.startswith("specx")
+            row["priced_worst"] = worst_priced(per_session[sname], cost) if cost and auto else None
+            rows.setdefault(sname, []).append(row)
     return rows
 
 
@@ -376,6 +388,8 @@ def format_sessions(results: dict[str, Any]) -> str:
         "greedy; every turn sends the whole conversation; TTFT: time to the first token; cached:",
         "prompt tokens kept from before; tok/s: the session's new tokens over its decode time;",
         "worst: the lowest turn's decode rate over specx's target alone (reuse on), that turn;",
+        "priced: the same with each turn's passes priced (target passes by width, draft passes)",
+        "at costs measured once in this run, free of the machine's drift between turns;",
         "same: turns whose answer equals the reference's (specx: reuse off, target alone;",
         "llama.cpp: its target alone)",
     ]
@@ -385,7 +399,8 @@ def format_sessions(results: dict[str, Any]) -> str:
         lines += ["", f"{sname}: {turns} turns, up to {most} new tokens each"]
         lines.append(
             f"{'mode':<30} {'TTFT per turn (s)':<26} {'cached per turn':<22} "
-            f"{'tok/s':>6} {'worst':>5} {'tok/pass':>8} {'session s':>9} {'same':>5}"
+            f"{'tok/s':>6} {'worst':>5} {'priced':>6} {'tok/pass':>8} {'session s':>9} "
+            f"{'same':>5}"
         )
         base = next((r for r in rows if r["mode"] == REFERENCE), None)
         alone = next((r for r in rows if r["mode"] == "specx"), None)
@@ -395,9 +410,11 @@ def format_sessions(results: dict[str, Any]) -> str:
             same = "-" if r["same_turns"] is None else f"{r['same_turns']}/{r['turns']}"
             worst = worst_turn(r, alone)
             low = "" if worst is None else f"{worst:.2f}"
+            priced = "" if r["priced_worst"] is None else f"{r['priced_worst']:.2f}"
             lines.append(
                 f"{r['mode']:<30} {ttft:<26} {cached:<22} {r['decode_tokens_per_s']:>6.1f} "
-                f"{low:>5} {r['tokens_per_pass']:>8.2f} {r['session_s']:>9.1f} {same:>5}"
+                f"{low:>5} {priced:>6} {r['tokens_per_pass']:>8.2f} {r['session_s']:>9.1f} "
+                f"{same:>5}"
             )
         if base is not None:
             fastest = min(

@@ -29,6 +29,9 @@ class Stats:
     proposed_per_position: list[int] = field(default_factory=list)  # index i: draft token i + 1
     accepted_per_position: list[int] = field(default_factory=list)
     k_used: list[int] = field(default_factory=list)  # K of every step (adaptive K varies it)
+    # target passes by their width, the tokens each verified (proposed + 1): with the measured
+    # cost of a pass of each width, what the decode costs whatever the machine did meanwhile
+    pass_widths: dict[int, int] = field(default_factory=dict)
     prefill_s: float = 0.0  # both models' prompt passes
     first_token_s: float = 0.0  # from the generation's start to its first committed token
     draft_s: float = 0.0  # proposing (draft passes or lookups)
@@ -44,6 +47,8 @@ class Stats:
         self.accepted += step.accepted
         self.rejections += int(step.accepted < step.proposed)
         self.k_used.append(step.k)
+        width = step.proposed + 1
+        self.pass_widths[width] = self.pass_widths.get(width, 0) + 1
         while len(self.proposed_per_position) < step.proposed:
             self.proposed_per_position.append(0)
             self.accepted_per_position.append(0)
@@ -104,6 +109,7 @@ class Stats:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("k_used")
+        data["pass_widths"] = {str(w): n for w, n in sorted(self.pass_widths.items())}
         if not self.stop_detail:
             data.pop("stop_detail")
         if not self.prompt_cache_note:

@@ -64,8 +64,32 @@ def test_each_mode_answers_every_turn_and_reuse_keeps_the_conversation(
         for row in rows[sname]:  # every mode gave the reference's answers (greedy is exact)
             assert row["same_turns"] == n_turns, row["mode"]
             assert row["turns"] == n_turns and all(t > 0 for t in row["first_token_s"])
+    for sname in ("talk", "copy"):  # every width a mode used is priced, and each draft model
+        cost = results["costs"][sname]
+        used = {w for run in modes.values() for t in run[sname]["turns"] for w in t["pass_widths"]}
+        assert used <= set(cost["target_s"]) and set(cost["draft_s"]) == {"mixed"}
+        for row in rows[sname]:
+            assert (row["priced_worst"] is not None) == ("K=auto" in row["mode"]), row["mode"]
+        for t in modes["specx"][sname]["turns"]:  # the target alone: one token a pass
+            assert t["pass_widths"] == {"1": t["target_passes"]} and t["draft_passes"] == 0
     report = format_sessions(results)
-    assert "talk: 3 turns" in report and "best specx:" in report
+    assert "talk: 3 turns" in report and "best specx:" in report and "priced" in report
+
+
+def test_a_turn_is_priced_by_its_passes_widths_and_its_draft_passes() -> None:
+    from specx.apps.bench.session_costs import priced_ratio, worst_priced
+
+    cost = {"target_s": {"1": 1.0, "3": 1.5, "5": 2.0}, "draft_s": {"d": 0.1}}
+    turn = {"new_tokens": 10, "pass_widths": {"1": 2, "5": 2}, "draft_passes": 8}
+    assert priced_ratio(turn, cost, "d") == 10 / (2 + 2 * 2.0 + 8 * 0.1)
+    assert priced_ratio(turn, cost, None) == 10 / 6.0  # a lookup: no draft passes to pay
+    alone = {"new_tokens": 7, "pass_widths": {"1": 7}, "draft_passes": 0}
+    assert priced_ratio(alone, cost, None) == 1.0
+    lost = {"new_tokens": 4, "pass_widths": {"3": 3, "1": 1}, "draft_passes": 0}  # 4 in 5.5
+    run = {"drafter": "suffix+d", "turns": [turn, alone, lost]}
+    assert worst_priced(run, cost) == 4 / 5.5
+    unpriced = {"new_tokens": 4, "pass_widths": {"9": 1}, "draft_passes": 0}
+    assert worst_priced({"drafter": "ngram", "turns": [alone, unpriced]}, cost) is None
 
 
 def test_the_cli_runs_sessions_and_writes_the_report(llama_pair: TinyPair, tmp_path: Path) -> None:

@@ -99,6 +99,9 @@ def test_any_acceptance_pattern_keeps_the_cache_and_output_exact(
     assert committed == reference[: len(committed)]
     assert len(committed) == 40 or stats.stop_reason == "eos"
     assert stats.accepted <= stats.proposed
+    # the passes by width count every pass once and every proposed token once
+    assert sum(stats.pass_widths.values()) == stats.target_passes
+    assert sum((w - 1) * n for w, n in stats.pass_widths.items()) == stats.proposed
 
 
 _cache: dict[str, Any] = {}
