@@ -68,6 +68,8 @@ class Model:
         )
         self.inputs = {i.name for i in self.session.get_inputs()}
         self.ranks = {i.name: len(i.shape) for i in self.session.get_inputs()}
+        # ids, positions and mask are int64, but where the manifest records int32 (imported)
+        self.narrow = {t["name"] for t in spec["inputs"] if t["dtype"] == "int32"}
         self.genai = spec.get("attention", "plain") == "genai"  # imported: gqa, own names
         self.gqa = spec.get("attention", "plain") == "gqa" or self.genai
         self.concat = spec.get("attention", "plain") == "concat"  # imported: past + new out
@@ -101,6 +103,10 @@ class Model:
             del self.slot_of[value:]
         self._n = value
 
+    def index(self, name: str) -> type:
+        """The type of an index input: int64, or int32 where the manifest says so."""
+        return np.int32 if name in self.narrow else np.int64
+
     def concat_forward(self, tokens: list[int]) -> np.ndarray:
         """An imported graph's pass: past = the slots so far, present = past + new."""
         s, n = len(tokens), self.n
@@ -110,11 +116,11 @@ class Model:
             self.values = [np.ascontiguousarray(v[:, :, keep]) for v in self.values]
             self.mask, self.slot_of = [1] * n, list(range(n))
         feed = {
-            "input_ids": np.array([tokens], dtype=np.int64),
-            "attention_mask": np.array([self.mask + [1] * s], dtype=np.int64),
+            "input_ids": np.array([tokens], dtype=self.index("input_ids")),
+            "attention_mask": np.array([self.mask + [1] * s], dtype=self.index("attention_mask")),
         }
         if "position_ids" in self.inputs:
-            feed["position_ids"] = np.arange(n, n + s, dtype=np.int64)[None]
+            feed["position_ids"] = np.arange(n, n + s, dtype=self.index("position_ids"))[None]
         for name in ("num_logits_to_keep", "logits_to_keep"):  # every new position's logits
             if name in self.inputs:
                 feed[name] = np.full([1] * self.ranks[name], s, dtype=np.int64)  # [] or [1]
@@ -137,7 +143,7 @@ class Model:
         s, n = len(tokens), self.n
         assert s >= 1 and n + s <= self.capacity
         io = self.session.io_binding()
-        io.bind_cpu_input("input_ids", np.array([tokens], dtype=np.int64))
+        io.bind_cpu_input("input_ids", np.array([tokens], dtype=self.index("input_ids")))
         for name, value in (inputs or {}).items():
             io.bind_cpu_input(name, np.ascontiguousarray(value)[None])
         for name, width in self.extra.items():
@@ -145,9 +151,10 @@ class Model:
             buf = self.last[name]
             io.bind_output(name, "cpu", 0, np.float32, list(buf.shape), buf.ctypes.data)
         if "position_ids" in self.inputs:
-            io.bind_cpu_input("position_ids", np.arange(n, n + s, dtype=np.int64)[None])
+            positions = np.arange(n, n + s, dtype=self.index("position_ids"))[None]
+            io.bind_cpu_input("position_ids", positions)
         if self.genai:  # its op derives lengths and positions from an all-ones mask
-            io.bind_cpu_input("attention_mask", np.ones((1, n + s), dtype=np.int64))
+            io.bind_cpu_input("attention_mask", np.ones((1, n + s), self.index("attention_mask")))
         elif self.gqa:
             io.bind_cpu_input("seqlens_k", np.array([n + s - 1], dtype=np.int32))
             io.bind_cpu_input("total_sequence_length", np.array(n + s, dtype=np.int32))

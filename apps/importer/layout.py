@@ -244,8 +244,8 @@ def _check_io(
     position's logits."""
     got_in, got_out = {t.name: t for t in inputs}, {t.name: t for t in outputs}
     ids = got_in.get(contract.INPUT_IDS)
-    if ids is None or ids.dtype != "int64" or len(ids.shape) != 2:
-        raise InputError(f"{graph.name} has no int64 input_ids [batch, seq]", REEXPORT)
+    if ids is None or ids.dtype not in contract.INDEX_DTYPES or len(ids.shape) != 2:
+        raise InputError(f"{graph.name} has no int64 or int32 input_ids [batch, seq]", REEXPORT)
     if ids.shape[1] == 1:
         raise InputError(
             f"{graph.name} takes one token a pass (input_ids [batch, 1]: Optimum 1.13 and "
@@ -253,8 +253,11 @@ def _check_io(
             REEXPORT,
         )
     mask = got_in.get(contract.ATTENTION_MASK)
-    if mask is None or mask.dtype != "int64":
-        raise InputError(f"{graph.name} has no int64 attention_mask input", REEXPORT)
+    if mask is None or mask.dtype not in contract.INDEX_DTYPES:
+        raise InputError(f"{graph.name} has no int64 or int32 attention_mask input", REEXPORT)
+    positions = got_in.get(contract.POSITION_IDS)
+    if positions is not None and positions.dtype not in contract.INDEX_DTYPES:
+        raise InputError(f"{graph.name}: position_ids are {positions.dtype}", REEXPORT)
     logits = got_out[contract.LOGITS]  # _check_task found it
     if len(logits.shape) != 3 or logits.shape[1] == 1:
         raise InputError(

@@ -314,6 +314,14 @@ def rewrite_to_gqa(src: Source, spec: ModelSpec, into: Path, copy: bool, pair_id
             f"and {logits}",
             "import its fp32 or q4 variant, or " + PLAIN_IMPORT,
         )
+    narrow = sorted(
+        t.name for t in src.inputs if t.name in contract.INDEX_INPUTS and t.dtype != "int64"
+    )
+    if narrow:
+        raise InputError(
+            f"{src.graph.name}: --rewrite gqa takes int64 ids and positions; {narrow} are int32",
+            PLAIN_IMPORT,
+        )
     window = src.config.get("sliding_window")
     windowed = isinstance(window, int) and window < length
     kinds = set(src.config.get("layer_types") or ["full_attention"])

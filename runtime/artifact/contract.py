@@ -79,7 +79,7 @@ the final normed hidden state (Hugging Face's output_hidden_states numbering). T
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +119,10 @@ ATTENTION_MASK = "attention_mask"  # "concat" graphs
 # Imported graphs may take how many of the last positions' logits to return (int64, [] or [1]):
 # a reader feeds the pass's token count, so that every new position's logits come back.
 LOGITS_TO_KEEP = ("num_logits_to_keep", "logits_to_keep")
+# an imported graph's index inputs: int64, or int32 where its exporter made them so (the
+# manifest records which; readers feed the same values in that type)
+INDEX_INPUTS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS)
+INDEX_DTYPES = ("int64", "int32")
 TOTAL = "past_len + seq"
 SEQLENS_K = "seqlens_k"
 TOTAL_SEQUENCE_LENGTH = "total_sequence_length"
@@ -422,7 +426,7 @@ class ModelSpec:
     def expected_inputs(self) -> tuple[TensorSpec, ...]:
         # an imported graph's optional logits count (LOGITS_TO_KEEP), as the import recorded it
         keep = tuple(t for t in self.inputs if t.name in LOGITS_TO_KEEP)
-        return graph_inputs(
+        expected = graph_inputs(
             self.num_layers,
             self.kv_heads,
             self.head_dim,
@@ -430,7 +434,22 @@ class ModelSpec:
             self.attention,
             self.uses_position_ids,
             (self.head.feature_size, self.hidden_size) if self.head is not None else None,
-        ) + (keep if self.attention in IMPORTED else ())
+        )
+        if self.attention not in IMPORTED:
+            return expected
+        return (
+            tuple(
+                replace(t, dtype=self.index_dtype(t.name)) if t.name in INDEX_INPUTS else t
+                for t in expected
+            )
+            + keep
+        )
+
+    def index_dtype(self, name: str) -> str:
+        """The type an index input (INDEX_INPUTS) takes: int64, or int32 where an imported
+        graph takes that."""
+        recorded = next((t.dtype for t in self.inputs if t.name == name), "int64")
+        return recorded if self.attention in IMPORTED and recorded in INDEX_DTYPES else "int64"
 
     def expected_outputs(self) -> tuple[TensorSpec, ...]:
         return graph_outputs(

@@ -226,7 +226,11 @@ class OrtSession(GraphSession):
             ((t.name, len(t.shape)) for t in spec.inputs if t.name in contract.LOGITS_TO_KEEP),
             None,
         )
-        self._ones = np.ones(spec.max_length + max_chunk, np.int64)  # genai: the mask
+        # ids, positions and mask as the graph takes them (an imported graph's may be int32)
+        self._ids_dt, self._pos_dt, self._mask_dt = (
+            np.dtype(spec.index_dtype(n)) for n in contract.INDEX_INPUTS
+        )
+        self._ones = np.ones(spec.max_length + max_chunk, self._mask_dt)  # genai: the mask
         self._cache_np_dtype = NP_DTYPES[spec.dtype]
 
     def fork(self) -> OrtSession:
@@ -309,11 +313,11 @@ class OrtSession(GraphSession):
         seq = int(tokens.shape[0])
         self.check_pass(seq, cache)
         past = cache.length
-        ids = np.ascontiguousarray(tokens, dtype=np.int64).reshape(1, seq)
+        ids = np.ascontiguousarray(tokens, dtype=self._ids_dt).reshape(1, seq)
         io = self._binding
         io.bind_cpu_input(contract.INPUT_IDS, ids)
         if self._position_ids:
-            positions = np.arange(past, past + seq, dtype=np.int64).reshape(1, seq)
+            positions = np.arange(past, past + seq, dtype=self._pos_dt).reshape(1, seq)
             io.bind_cpu_input(contract.POSITION_IDS, positions)
         if self._keep is not None:  # every new position's logits
             shape = (1,) * self._keep[1]  # [] or [1]
@@ -399,7 +403,7 @@ class OrtSession(GraphSession):
                 f"{self.path.name} is an imported graph: its caches come from its own new_cache"
             )
         self._bound = None
-        bind_concat(io, cache, seq)
+        bind_concat(io, cache, seq, self._mask_dt)
 
     def new_cache(self, capacity: int) -> KVCache:
         if self.spec.attention != "concat" or capacity > self.spec.max_length:

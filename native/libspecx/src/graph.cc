@@ -297,8 +297,8 @@ void Runner::bind_concat(int64_t seq) {
     compact();
   std::fill(mask_.begin() + slots_, mask_.begin() + slots_ + seq, 1);
   std::array<int64_t, 2> mask_shape{1, slots_ + seq};
-  io_.BindInput("attention_mask", Ort::Value::CreateTensor<int64_t>(
-                                      cpu_, mask_.data(), size_t(slots_ + seq), mask_shape.data(), 2));
+  io_.BindInput("attention_mask",
+                index_tensor("attention_mask", mask_.data(), size_t(slots_ + seq), mask_shape.data(), 2));
   ONNXTensorElementDataType type = elem_bytes_ == 2 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16
                                                     : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
   std::array<int64_t, 4> past{1, s.kv_heads, slots_, s.head_dim};
@@ -369,6 +369,19 @@ void Runner::bind_cache(int64_t past, int64_t seq) {
   cache_bound_ = full;
 }
 
+Ort::Value Runner::index_tensor(const std::string& name, int64_t* values, size_t count,
+                                const int64_t* shape, size_t rank) {
+  const ModelSpec& s = graph_.spec();
+  const auto input = std::find_if(s.inputs.begin(), s.inputs.end(),
+                                  [&](const TensorSpec& t) { return t.name == name; });
+  if (input == s.inputs.end() || input->dtype != "int32")
+    return Ort::Value::CreateTensor<int64_t>(cpu_, values, count, shape, rank);
+  std::vector<int32_t>& narrow = narrow_[name];
+  narrow.resize(std::max(narrow.size(), count));
+  for (size_t i = 0; i < count; ++i) narrow[i] = int32_t(values[i]);  // ids, positions < 2^31
+  return Ort::Value::CreateTensor<int32_t>(cpu_, narrow.data(), count, shape, rank);
+}
+
 const float* Runner::forward(const int64_t* tokens, int64_t seq) {
   const ModelSpec& s = graph_.spec();
   if (seq < 1 || seq > kMaxChunk)
@@ -379,11 +392,11 @@ const float* Runner::forward(const int64_t* tokens, int64_t seq) {
   const int64_t past = length_;
   std::memcpy(ids_.data(), tokens, size_t(seq) * sizeof(int64_t));
   std::array<int64_t, 2> shape{1, seq};
-  io_.BindInput("input_ids", Ort::Value::CreateTensor<int64_t>(cpu_, ids_.data(), size_t(seq), shape.data(), 2));
+  io_.BindInput("input_ids", index_tensor("input_ids", ids_.data(), size_t(seq), shape.data(), 2));
   if (s.has_input("position_ids")) {
     for (int64_t i = 0; i < seq; ++i) positions_[size_t(i)] = past + i;
     io_.BindInput("position_ids",
-                  Ort::Value::CreateTensor<int64_t>(cpu_, positions_.data(), size_t(seq), shape.data(), 2));
+                  index_tensor("position_ids", positions_.data(), size_t(seq), shape.data(), 2));
   }
   std::array<int64_t, 1> one{1};
   if (const TensorSpec* keep = s.logits_to_keep()) {  // every new position's logits
@@ -399,8 +412,8 @@ const float* Runner::forward(const int64_t* tokens, int64_t seq) {
                   Ort::Value::CreateTensor<int32_t>(cpu_, &total_length_, 1, nullptr, 0));
   } else if (s.genai()) {  // its op derives lengths and positions from an all-ones mask
     std::array<int64_t, 2> mask_shape{1, past + seq};
-    io_.BindInput("attention_mask", Ort::Value::CreateTensor<int64_t>(cpu_, ones_.data(), size_t(past + seq),
-                                                                      mask_shape.data(), 2));
+    io_.BindInput("attention_mask",
+                  index_tensor("attention_mask", ones_.data(), size_t(past + seq), mask_shape.data(), 2));
   } else if (s.attention == "batched") {
     positions_[0] = past;  // write_indices: the row's length before this pass
     io_.BindInput("write_indices", Ort::Value::CreateTensor<int64_t>(cpu_, positions_.data(), 1, one.data(), 1));

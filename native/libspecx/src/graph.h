@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -111,6 +112,13 @@ class Runner {
   std::vector<int64_t> mask_, slot_of_;
   std::vector<int64_t> ones_;  // genai graphs: the attention mask, all ones
   std::vector<uint16_t> logits16_;  // fp16 graphs: their logits, converted into logits_
+  // imported graphs whose ids, positions or mask are int32: each input's copy, by name
+  std::map<std::string, std::vector<int32_t>> narrow_;
+
+  // An int64 index input (input_ids, position_ids, attention_mask) as the graph declares it:
+  // the values themselves, or their int32 copy where the graph takes int32.
+  Ort::Value index_tensor(const std::string& name, int64_t* values, size_t count,
+                          const int64_t* shape, size_t rank);
 };
 
 }  // namespace specx
