@@ -49,7 +49,10 @@ def borrow(artifact: Path, name: str) -> Borrowed:
             else "export it with a model draft (specx export --draft int4 ...)",
         )
     graph = artifact / spec.graph
-    files = (graph, *sorted(p for p in graph.parent.glob(graph.name + ".*") if p.is_file()))
+    # an exported graph's data lies beside it as GRAPH.data; an imported one's folder is its own
+    # (its data named as its exporter named it, e.g. model.onnx_data)
+    beside = graph.parent.iterdir() if "/" in spec.graph else graph.parent.glob(graph.name + ".*")
+    files = (graph, *sorted(p for p in beside if p.is_file() and p != graph))
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise InputError(f"{artifact}: {missing} missing", "re-export the artifact")

@@ -139,3 +139,16 @@ def test_a_name_picks_a_draft_else_the_default_and_an_unpicked_one_is_refused(
         import_pair(target, [f"fast={lookup}"], out, ImportOptions(), print)
     assert "NAME one of its model drafts" in (e.value.hint or "")
     assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_a_draft_borrowed_from_an_import_keeps_the_export_it_came_from(
+    optimum_folders: dict[str, Path], pair: Path, exported: Path, tmp_path: Path
+) -> None:
+    """Borrowed again from the import (its graph one folder deep there): the id is still the
+    first export's, and it decodes as the target alone."""
+    out = tmp_path / "again"
+    manifest = import_pair(optimum_folders["target"], [f"int8={pair}"], out, ImportOptions(), print)
+    assert manifest.drafts[0].pair_id == Manifest.read(exported).pair_id
+    pipe = Pipeline.load(out)
+    alone = pipe.generate(PROMPT, max_new_tokens=30, k=0).token_ids
+    assert pipe.generate(PROMPT, max_new_tokens=30, k=3, drafter="int8").token_ids == alone
