@@ -42,9 +42,10 @@ class ConcatCache(KVCache):
         room: int,
         dtype: str = "float32",
         memory: DeviceMemory = HOST,
+        mask_dtype: str = "int64",
     ) -> None:
         """room: slots beyond `capacity` for holes and a pass's new positions (>= the longest
-        pass)."""
+        pass); mask_dtype: the graph's attention_mask type (int64, or int32), bound as is."""
         if memory is not HOST:
             raise InputError(
                 "imported graphs (concat layout) run on the CPU only",
@@ -60,7 +61,7 @@ class ConcatCache(KVCache):
         self._set_ptrs = [[b.ptr for b in buffers] for buffers in self._sets]  # fixed for life
         self._front = 0  # the set holding the slots
         self.slots = 0  # computed slots in the front set, holes included
-        self.mask = np.zeros(self.slot_capacity, dtype=np.int64)  # 1: a valid slot
+        self.mask = np.zeros(self.slot_capacity, dtype=mask_dtype)  # 1: a valid slot
         self.slot_of = np.zeros(capacity, dtype=np.int64)  # each valid position's slot
         self.compactions = 0
 

@@ -7,7 +7,7 @@ same work, which a per-turn bound of a few percent cannot be judged on."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from specx.runtime import Pipeline
@@ -16,11 +16,10 @@ from specx.runtime.drafters.registry import NO_DRAFTER
 REPEATS = 5  # passes a width, interleaved (runner.pass_times)
 
 
-def model_draft(pipe: Pipeline, drafter: str) -> str | None:
-    """The draft model a mode's drafter runs (`suffix+draft` -> `draft`), or None."""
-    names = {d.name for d in pipe.manifest.drafts if d.head is None}
+def model_draft(drafter: str, models: Collection[str]) -> str | None:
+    """The draft model among `models` a mode's drafter runs (`suffix+draft` -> `draft`)."""
     last = drafter.rsplit("+", 1)[-1]
-    return last if drafter != NO_DRAFTER and last in names else None
+    return last if drafter != NO_DRAFTER and last in models else None
 
 
 def measure_costs(
@@ -41,8 +40,9 @@ def measure_costs(
         progress(f"{sname}: pass costs at {past} cached positions, widths 1..{widths[-1]}")
         target = pass_times(pipe.target, widths, past, REPEATS)
         drafts: dict[str, float] = {}
+        models = {d.name for d in pipe.manifest.drafts if d.head is None}
         for run in runs:
-            name = model_draft(pipe, run.get("drafter", NO_DRAFTER))
+            name = model_draft(run.get("drafter", NO_DRAFTER), models)
             if name is not None and name not in drafts:
                 session = pipe.draft_session(pipe.manifest.find_draft(name))
                 drafts[name] = pass_times(session, [1], past, REPEATS)[1]
@@ -71,8 +71,7 @@ def priced_ratio(turn: dict[str, Any], cost: dict[str, Any], draft: str | None) 
 
 def worst_priced(run: dict[str, Any], cost: dict[str, Any]) -> float | None:
     """The lowest priced ratio over a mode's turns (None where a turn cannot be priced)."""
-    last = str(run.get("drafter", NO_DRAFTER)).rsplit("+", 1)[-1]
-    draft = last if last in cost["draft_s"] else None
+    draft = model_draft(str(run.get("drafter", NO_DRAFTER)), cost["draft_s"])
     ratios = [priced_ratio(t, cost, draft) for t in run["turns"]]
     known = [r for r in ratios if r is not None]
     return min(known) if known and len(known) == len(ratios) else None

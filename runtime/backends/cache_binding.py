@@ -60,12 +60,12 @@ def bind_host_output(io: Any, name: str, array: np.ndarray) -> None:
     io.bind_output(name, "cpu", 0, array.dtype.type, list(array.shape), array.ctypes.data)
 
 
-def bind_concat(io: Any, cache: ConcatCache, seq: int, mask_dtype: Any = np.int64) -> None:
+def bind_concat(io: Any, cache: ConcatCache, seq: int) -> None:
     """An imported graph's pass (contract "concat"): past from the buffer set the last pass
-    wrote, present into the other; rolled-back slots masked out (the mask in the graph's type:
-    int64, or a copy as int32)."""
+    wrote, present into the other; rolled-back slots masked out (the cache keeps its mask in
+    the graph's type)."""
     past, present, slots, mask = cache.begin_pass(seq)
-    io.bind_cpu_input(contract.ATTENTION_MASK, mask[None].astype(mask_dtype, copy=False))
+    io.bind_cpu_input(contract.ATTENTION_MASK, mask[None])  # [1, slots + seq]
     dt, heads, dim = cache.np_dtype, cache.kv_heads, cache.head_dim
     for layer in range(cache.num_layers):
         for j, kind in enumerate(("key", "value")):

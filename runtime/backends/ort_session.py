@@ -403,7 +403,7 @@ class OrtSession(GraphSession):
                 f"{self.path.name} is an imported graph: its caches come from its own new_cache"
             )
         self._bound = None
-        bind_concat(io, cache, seq, self._mask_dt)
+        bind_concat(io, cache, seq)
 
     def new_cache(self, capacity: int) -> KVCache:
         if self.spec.attention != "concat" or capacity > self.spec.max_length:
@@ -411,8 +411,9 @@ class OrtSession(GraphSession):
         s = self.spec
         room = CONCAT_ROOM * self.max_chunk
         return ConcatCache(
-            s.num_layers, s.kv_heads, s.head_dim, capacity, room, s.dtype, self.memory
-        )
+            s.num_layers, s.kv_heads, s.head_dim, capacity, room, s.dtype, self.memory,
+            s.index_dtype(contract.ATTENTION_MASK),
+        )  # fmt: skip
 
     def _bind_full(self, io: Any, cache: KVCache, past: int, seq: int) -> None:
         """The lengths say what is valid; the buffers are bound once per cache."""

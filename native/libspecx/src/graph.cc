@@ -227,6 +227,10 @@ Runner::Runner(Graph& graph, int64_t capacity)
                   std::to_string(s.max_length) + " " + s.graph + " was exported for");
   const int64_t slots = s.concat() ? capacity + kConcatRoom : capacity;
   if (s.genai()) ones_.assign(size_t(capacity + kMaxChunk), 1);
+  for (const TensorSpec& t : s.inputs)  // an imported graph's int32 ids, positions or mask
+    if (t.dtype == "int32" && (t.name == "input_ids" || t.name == "position_ids" ||
+                               t.name == "attention_mask"))
+      narrow_[t.name].assign(size_t(slots + kMaxChunk), 0);
   if (s.concat()) {
     if (graph.memory()->info().GetDeviceType() != OrtMemoryInfoDeviceType_CPU)
       throw Failure(SPECX_PROVIDER, s.graph + " is an imported graph (concat layout), which "
@@ -371,15 +375,12 @@ void Runner::bind_cache(int64_t past, int64_t seq) {
 
 Ort::Value Runner::index_tensor(const std::string& name, int64_t* values, size_t count,
                                 const int64_t* shape, size_t rank) {
-  const ModelSpec& s = graph_.spec();
-  const auto input = std::find_if(s.inputs.begin(), s.inputs.end(),
-                                  [&](const TensorSpec& t) { return t.name == name; });
-  if (input == s.inputs.end() || input->dtype != "int32")
+  const auto narrow = narrow_.find(name);  // empty but for imported graphs' int32 inputs
+  if (narrow == narrow_.end())
     return Ort::Value::CreateTensor<int64_t>(cpu_, values, count, shape, rank);
-  std::vector<int32_t>& narrow = narrow_[name];
-  narrow.resize(std::max(narrow.size(), count));
-  for (size_t i = 0; i < count; ++i) narrow[i] = int32_t(values[i]);  // ids, positions < 2^31
-  return Ort::Value::CreateTensor<int32_t>(cpu_, narrow.data(), count, shape, rank);
+  int32_t* out = narrow->second.data();  // sized at construction for the longest binding
+  for (size_t i = 0; i < count; ++i) out[i] = int32_t(values[i]);  // ids, positions < 2^31
+  return Ort::Value::CreateTensor<int32_t>(cpu_, out, count, shape, rank);
 }
 
 const float* Runner::forward(const int64_t* tokens, int64_t seq) {

@@ -112,7 +112,8 @@ class Runner {
   std::vector<int64_t> mask_, slot_of_;
   std::vector<int64_t> ones_;  // genai graphs: the attention mask, all ones
   std::vector<uint16_t> logits16_;  // fp16 graphs: their logits, converted into logits_
-  // imported graphs whose ids, positions or mask are int32: each input's copy, by name
+  // an imported graph's int32 ids, positions or mask: each one's int32 copy, by input name
+  // (sized at construction; no entry for an int64 input)
   std::map<std::string, std::vector<int32_t>> narrow_;
 
   // An int64 index input (input_ids, position_ids, attention_mask) as the graph declares it:
