@@ -156,7 +156,9 @@ constexpr int kMaxRows = 8;  // AVX-512VL has 32 vector registers
 constexpr int64_t kPairRows = 3;
 constexpr int kPairMaxRows = 16;
 #else
-constexpr int kMaxRows = 4;
+// AVX2's 16 ymm registers: R accumulators and seven for the block's codes, scales and
+// temporaries (measured: docs/bench/measurements.md, "AVX2 tiles of up to nine rows")
+constexpr int kMaxRows = 8;
 #endif
 
 // The unsigned operand of u8 x s8 products: the codes, or their magnitude for signed formats.
@@ -234,86 +236,23 @@ inline void store_sum(const MatMulJob& job, int64_t n, int64_t m, __m256 acc) {
   job.y[m * job.n + n] = reduce8(lanes);
 }
 
-#if SPECX_ISA == 1
-// K-quants: per super-block and row, integer lanes scaled by the sub-block scales (the centre
-// taken off first), then once in float.
-template <class F, int R>
-void super_tile(const MatMulJob& job, int64_t n, int64_t m0) {
-  const int64_t k = job.k, kc = k / kChunk, blocks = k / kMaxBlock, k16 = k / 16;
-  __m256 acc[R];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  const int8_t* acts = job.acts.q + m0 * k;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const typename F::Simd block(super_block_at<F>(job, n, b));
-    __m256i sums[R];
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      if constexpr (F::kCentre != 0) {  // -32 * (sc_2j * S_2j + sc_2j+1 * S_2j+1)
-        const __m256i centre =
-            _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(block.sc16, 5));
-        sums[r] = _mm256_madd_epi16(centre, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-                                                job.acts.s16 + (m0 + r) * k16 + b * 16)));
-      } else {
-        sums[r] = _mm256_setzero_si256();
-      }
-    }
-#pragma GCC unroll 8
-    for (int c = 0; c < 8; ++c) {
-      const __m256i w = block.codes(c);
-      const __m256i sc = block.sub_scales(c);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const __m256i x = _mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(acts + r * k + b * kMaxBlock + kChunk * c));
-        const __m256i pairs = _mm256_maddubs_epi16(w, x);  // codes <= 63: no saturation
-        sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs, sc));
-      }
-    }
-    const __m256 d = _mm256_set1_ps(block.d);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m256 da = _mm256_set1_ps(job.acts.d[(m0 + r) * blocks + b]);
-      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums[r]), d), da, acc[r]);
-      if constexpr (F::kOffset) {
-        const __m256 fs = _mm256_loadu_ps(job.acts.fs + (m0 + r) * kc + b * 8);
-        acc[r] = _mm256_fnmadd_ps(block.wmin, fs, acc[r]);
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) store_sum(job, n, m0 + r, acc[r]);
-}
-#endif
-
 #if SPECX_ISA == 2
 #include "kquant_avx512.h"
+#else
+#include "kquant_avx2.h"
 #endif
-
-template <class F, int R>
-void tile(const MatMulJob& job, int64_t n, int64_t m0) {
-  if constexpr (F::kElements == kMaxBlock) {
-#if SPECX_ISA == 1
-    super_tile<F, R>(job, n, m0);
-#endif
-  } else {
-    small_tile<F, R>(job, n, m0);
-  }
-}
 
 template <class F>
 void rows_tile(const MatMulJob& job, int64_t n, int64_t m0, int rows) {
   switch (rows) {
-    case 1: return tile<F, 1>(job, n, m0);
-    case 2: return tile<F, 2>(job, n, m0);
-    case 3: return tile<F, 3>(job, n, m0);
-    case 4: return tile<F, 4>(job, n, m0);
-#if SPECX_ISA == 2
-    case 5: return tile<F, 5>(job, n, m0);
-    case 6: return tile<F, 6>(job, n, m0);
-    case 7: return tile<F, 7>(job, n, m0);
-    case 8: return tile<F, 8>(job, n, m0);
-#endif
+    case 1: return small_tile<F, 1>(job, n, m0);
+    case 2: return small_tile<F, 2>(job, n, m0);
+    case 3: return small_tile<F, 3>(job, n, m0);
+    case 4: return small_tile<F, 4>(job, n, m0);
+    case 5: return small_tile<F, 5>(job, n, m0);
+    case 6: return small_tile<F, 6>(job, n, m0);
+    case 7: return small_tile<F, 7>(job, n, m0);
+    case 8: return small_tile<F, 8>(job, n, m0);
     default: return;
   }
 }
@@ -431,24 +370,23 @@ void small_columns(const MatMulJob& job, int64_t n0, int64_t n1) {
     }
   }
 #endif
+  const int64_t tiles = (job.m + kMaxRows - 1) / kMaxRows;
   for (; n < n1; ++n) {
-    for (int64_t m0 = 0; m0 < job.m; m0 += kMaxRows) {
-      rows_tile<F>(job, n, m0, static_cast<int>(std::min<int64_t>(kMaxRows, job.m - m0)));
+    for (int64_t t = 0, m0 = 0; t < tiles; ++t) {
+      const int64_t rows = (job.m - m0) / (tiles - t);  // the rest, evenly: 9 rows as 4 + 5
+      rows_tile<F>(job, n, m0, static_cast<int>(rows));
+      m0 += rows;
     }
   }
 }
 
 template <class F>
 void columns(const MatMulJob& job, int64_t n0, int64_t n1) {
-#if SPECX_ISA == 2
   if constexpr (F::kElements == kMaxBlock) {
-    kquant_columns<F>(job, n0, n1);
+    kquant_columns<F>(job, n0, n1);  // kquant_avx2.h, kquant_avx512.h
   } else {
     small_columns<F>(job, n0, n1);
   }
-#else
-  small_columns<F>(job, n0, n1);
-#endif
 }
 
 }  // namespace
