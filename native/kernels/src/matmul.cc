@@ -157,7 +157,7 @@ constexpr int64_t kPairRows = 3;
 constexpr int kPairMaxRows = 16;
 #else
 // AVX2's 16 ymm registers: R accumulators and seven for the block's codes, scales and
-// temporaries (measured: docs/bench/measurements.md, "AVX2 tiles of up to nine rows")
+// temporaries (docs/bench/measurements.md, "AVX2 tiles of up to nine rows")
 constexpr int kMaxRows = 8;
 #endif
 
