@@ -135,15 +135,26 @@ class Model:
         self._n = n + s
         return out[0][0].astype(np.float32)  # an fp16 graph's logits, exactly
 
-    def forward(self, tokens: list[int], inputs: dict[str, np.ndarray] | None = None) -> np.ndarray:
+    def forward(
+        self,
+        tokens: list[int],
+        inputs: dict[str, np.ndarray] | None = None,
+        only_last: bool = False,
+    ) -> np.ndarray:
         """Score `tokens` at positions n .. n + s - 1; returns logits [s, vocab]; n += s.
-        inputs: a feature head's features, hidden and from_target ([s, width] each)."""
+        inputs: a feature head's features, hidden and from_target ([s, width] each); only_last:
+        only the last row is read ([1, vocab]: a graph with `logits_to_keep` computes no other)."""
         if self.concat:
             return self.concat_forward(tokens)
         s, n = len(tokens), self.n
         assert s >= 1 and n + s <= self.capacity
         io = self.session.io_binding()
         io.bind_cpu_input("input_ids", np.array([tokens], dtype=self.index("input_ids")))
+        rows = s
+        if "logits_to_keep" in self.inputs:  # the last `rows` positions' logits
+            rows = 1 if only_last else s
+            keep = np.full([1] * self.ranks["logits_to_keep"], rows, dtype=np.int64)  # [] or [1]
+            io.bind_cpu_input("logits_to_keep", keep)
         for name, value in (inputs or {}).items():
             io.bind_cpu_input(name, np.ascontiguousarray(value)[None])
         for name, width in self.extra.items():
@@ -175,7 +186,7 @@ class Model:
                     io.bind_input(f"past_{kind}.{i}", "cpu", 0, self.dtype, past, base)
                     at = base + n * heads * dim * item
                     io.bind_output(f"new_{kind}.{i}", "cpu", 0, self.dtype, [1, s, heads, dim], at)
-        logits = np.empty((1, s, self.vocab), np.float32)  # bound by name: order does not matter
+        logits = np.empty((1, rows, self.vocab), np.float32)  # bound by name: order is free
         io.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         self.session.run_with_iobinding(io)
         self._n = n + s
@@ -187,7 +198,7 @@ class Model:
         target records its features output into it ([capacity, F], at the positions fed)."""
         for start in range(0, len(tokens), PREFILL_CHUNK):
             at = self.n
-            last = self.forward(tokens[start : start + PREFILL_CHUNK])[-1]
+            last = self.forward(tokens[start : start + PREFILL_CHUNK], only_last=True)[-1]
             if features is not None:
                 features[at : self.n] = self.last["features"]
         return last

@@ -245,6 +245,7 @@ def _step_inputs(spec: ModelSpec, step: Pass) -> dict[str, np.ndarray]:
         contract.SEQLENS_K: np.array([end - 1], dtype=np.int32),
         contract.TOTAL_SEQUENCE_LENGTH: np.array(end, dtype=np.int32),
         contract.WRITE_INDICES: np.array([step.start], dtype=np.int64),
+        contract.KEEP_LOGITS: np.array(seq, dtype=np.int64),  # every new position's logits
     }
 
 
@@ -326,7 +327,8 @@ def _run_part(
         if _is_cache(name) and name not in frontier:
             continue  # bound below
         value = frontier[name] if name in frontier else given[name]
-        io.bind_cpu_input(name, np.ascontiguousarray(value))
+        # (np.ascontiguousarray would make a 0-d input, the logits count, 1-d)
+        io.bind_cpu_input(name, value if value.flags.c_contiguous else np.ascontiguousarray(value))
     free = [n for n in part.outputs if not _is_cache(n)]
     for name in free:  # first: get_outputs lists outputs in the order they were bound
         io.bind_output(name, "cpu")

@@ -35,6 +35,7 @@ from specx.exporter.graph.ops import (
     attention_bias,
     gqa_attention,
     grouped_attention,
+    last_rows,
     lm_head_logits,
     reshape,
     rotary,
@@ -91,14 +92,16 @@ class DecoderGraph(nn.Module):
         hidden = self.model.embed_tokens(input_ids)  # [batch, seq, hidden]
         if self.scalars.embedding != 1.0:
             hidden = hidden * self.scalars.embedding
+        keep = rest[-1] if self.attention == "gqa" else None  # contract.KEEP_LOGITS, last
         if self.attention == "gqa":
-            hidden, kv = self._layers_gqa(hidden, rest[0], rest[1], rest[2:])
+            hidden, kv = self._layers_gqa(hidden, rest[0], rest[1], rest[2:-1])
         elif self.attention == "batched":
             hidden, kv = self._layers_batched(hidden, rest[0], rest[1], rest[2:])
         else:
             hidden, kv = self._layers_plain(hidden, rest[0], rest[1:])
         normed = self.model.norm(hidden)
-        logits = lm_head_logits(normed, self.lm_head)  # [batch, seq, vocab]
+        kept = normed if keep is None else last_rows(normed, keep)  # [batch, keep, hidden]
+        logits = lm_head_logits(kept, self.lm_head)  # [batch, keep, vocab]
         if self.scalars.logits_divisor != 1.0:
             logits = logits / self.scalars.logits_divisor
         softcap = self.scalars.final_softcap
@@ -292,8 +295,9 @@ class GPT2Graph(nn.Module):
         t = self.transformer
         hidden = t.wte(input_ids) + t.wpe(position_ids)  # [batch, seq, hidden]
         heads, dim = self.num_heads, self.head_dim
+        keep = rest[-1] if self.attention == "gqa" else None  # contract.KEEP_LOGITS, last
         if self.attention == "gqa":
-            seqlens_k, total_length, past = rest[0], rest[1], rest[2:]
+            seqlens_k, total_length, past = rest[0], rest[1], rest[2:-1]
         elif self.attention == "batched":
             write_indices, past = rest[0], rest[1:]
             bias = attention_bias(position_ids, past[0].shape[2], hidden.dtype, 1)
@@ -340,7 +344,8 @@ class GPT2Graph(nn.Module):
             mlp = block.mlp
             hidden = hidden + _conv1d(mlp.act(_conv1d(block.ln_2(hidden), mlp.c_fc)), mlp.c_proj)
         hidden = t.ln_f(hidden)
-        return (lm_head_logits(hidden, self.lm_head), *kv_out)
+        kept = hidden if keep is None else last_rows(hidden, keep)  # [batch, keep, hidden]
+        return (lm_head_logits(kept, self.lm_head), *kv_out)
 
 
 def make_graph_module(

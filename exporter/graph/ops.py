@@ -38,6 +38,28 @@ def reshape(x: torch.Tensor, *shape: int) -> torch.Tensor:
     return _StaticReshape.apply(x, *shape)
 
 
+class _LastRows(torch.autograd.Function):
+    """The last `keep` positions of [batch, seq, hidden] (keep: a 0-d int64 tensor, 1..seq) as
+    one ONNX Slice from -keep along the sequence axis: the LM head then runs on the rows a reader
+    takes (contract.KEEP_LOGITS), each row computed as in a pass that keeps them all."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        return x[:, x.shape[1] - int(keep) :]
+
+    @staticmethod
+    def symbolic(g: Any, x: Any, keep: Any) -> Any:
+        one = g.op("Constant", value_t=torch.tensor([1], dtype=torch.int64))
+        starts = g.op("Neg", g.op("Reshape", keep, one))  # [1], whether fed as [] or [1]
+        ends = g.op("Constant", value_t=torch.tensor([2**63 - 1], dtype=torch.int64))
+        axes = g.op("Constant", value_t=torch.tensor([1], dtype=torch.int64))
+        return g.op("Slice", x, starts, ends, axes)
+
+
+def last_rows(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    return _LastRows.apply(x, keep)
+
+
 def attention_bias(
     position_ids: torch.Tensor, total_len: Any, dtype: Any, groups: int, window: int | None = None
 ) -> torch.Tensor:

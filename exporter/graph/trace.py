@@ -265,9 +265,9 @@ def _graph_spec(src: SourceModel, recipe: GraphRecipe, dtype: str, max_length: i
     arch = src.architecture
     layers, kv, hd, attention = arch.num_layers, arch.kv_heads, arch.head_dim, recipe.attention
     vocab = model_vocab_size(src)
-    inputs = contract.graph_inputs(
-        layers, kv, hd, dtype, attention, arch.takes_position_ids(attention)
-    )
+    positions = arch.takes_position_ids(attention)
+    keep = attention == "gqa"  # the logits count (contract.KEEP_LOGITS): prompts skip the head
+    inputs = contract.graph_inputs(layers, kv, hd, dtype, attention, positions, None, keep)
     features = len(recipe.taps) * arch.hidden_size
     outputs = contract.graph_outputs(layers, kv, hd, vocab, dtype, attention, features)
     return ModelSpec(
@@ -397,6 +397,8 @@ def _dummy_args(
     else:
         cache_shape = (1, 2, kv, hd)
     args += [torch.zeros(*cache_shape, dtype=torch_dtype) for _ in range(2 * arch.num_layers)]
+    if attention == "gqa":
+        args.append(torch.tensor(2, dtype=torch.long))  # contract.KEEP_LOGITS: the last 2 of 3
     return tuple(args), opset
 
 

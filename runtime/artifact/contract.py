@@ -116,9 +116,13 @@ PAST = "past_len"
 CACHE_LEN = "cache_len"
 WRITE_INDICES = "write_indices"
 ATTENTION_MASK = "attention_mask"  # "concat" graphs
-# Imported graphs may take how many of the last positions' logits to return (int64, [] or [1]):
-# a reader feeds the pass's token count, so that every new position's logits come back.
+# How many of the last positions' logits a pass returns (int64, [] or [1]): imported graphs may
+# take it under either name, exported gqa graphs take `logits_to_keep` (KEEP_LOGITS; graphs
+# exported before it do not). A reader feeds the pass's token count, so that every new
+# position's logits come back, or 1 where only the last row is read (a prompt's chunks): the
+# head then runs on one row instead of the chunk's (the LM head is a sixth of a prompt's work).
 LOGITS_TO_KEEP = ("num_logits_to_keep", "logits_to_keep")
+KEEP_LOGITS = "logits_to_keep"
 # an imported graph's index inputs: int64, or int32 where its exporter made them so (the
 # manifest records which; readers feed the same values in that type)
 INDEX_INPUTS = (INPUT_IDS, ATTENTION_MASK, POSITION_IDS)
@@ -243,8 +247,10 @@ def graph_inputs(
     attention: str = "plain",
     position_ids: bool = True,
     head: tuple[int, int] | None = None,
+    keep_logits: bool = False,
 ) -> tuple[TensorSpec, ...]:
-    """head: (feature_size, hidden_size) for a feature draft's graph, else None."""
+    """head: (feature_size, hidden_size) for a feature draft's graph, else None; keep_logits: the
+    graph takes KEEP_LOGITS after its caches (exported gqa graphs)."""
     specs = [TensorSpec(INPUT_IDS, "int64", (BATCH, SEQ))]
     if attention in IMPORTED:
         specs.append(TensorSpec(ATTENTION_MASK, "int64", (BATCH, TOTAL)))
@@ -273,6 +279,8 @@ def graph_inputs(
     for i in range(num_layers):
         specs.append(TensorSpec(past_key(i), cache_dtype, shape))
         specs.append(TensorSpec(past_value(i), cache_dtype, shape))
+    if keep_logits:
+        specs.append(TensorSpec(KEEP_LOGITS, "int64", ()))
     return tuple(specs)
 
 
@@ -424,7 +432,7 @@ class ModelSpec:
         )
 
     def expected_inputs(self) -> tuple[TensorSpec, ...]:
-        # an imported graph's optional logits count (LOGITS_TO_KEEP), as the import recorded it
+        # the optional logits count (LOGITS_TO_KEEP), as the export or import recorded it
         keep = tuple(t for t in self.inputs if t.name in LOGITS_TO_KEEP)
         expected = graph_inputs(
             self.num_layers,
@@ -434,6 +442,7 @@ class ModelSpec:
             self.attention,
             self.uses_position_ids,
             (self.head.feature_size, self.hidden_size) if self.head is not None else None,
+            keep_logits=self.attention == "gqa" and KEEP_LOGITS in {t.name for t in keep},
         )
         if self.attention not in IMPORTED:
             return expected

@@ -6,6 +6,8 @@ A backend (ONNX Runtime on the CPU or CUDA, TensorRT) implements ``GraphSession`
                              write their keys/values into the cache in place, advance its length,
                              return the logits of the new positions ([seq, vocab], a view into a
                              buffer the next call overwrites)
+    forward_last(...)        the same pass, of which only the last position's logits are read
+                             (prefill); a graph with a logits count computes only that row
     fork()                   a handle on the same loaded graph with its own bindings and buffers
                              (one per concurrent generation)
     memory                   where this backend's cache buffers live (runtime/memory.py)
@@ -102,6 +104,12 @@ class GraphSession(ABC):
         Returns the logits of every new position, [seq, vocab], as a view into a buffer that the
         next call overwrites."""
 
+    def forward_last(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
+        """forward, of which only the last position's logits are read ([vocab], a view): a
+        backend whose graph can compute the head on that row alone (contract.LOGITS_TO_KEEP)
+        does so."""
+        return self.forward(tokens, cache)[-1]
+
     def forward_head(
         self,
         tokens: np.ndarray,
@@ -165,7 +173,7 @@ class GraphSession(ABC):
         last: np.ndarray | None = None
         for start in range(0, int(tokens.shape[0]), self.max_chunk):
             position = cache.length
-            last = self.forward(tokens[start : start + self.max_chunk], cache)[-1]
+            last = self.forward_last(tokens[start : start + self.max_chunk], cache)
             if on_features is not None and self.last_features is not None:
                 on_features(position, self.last_features)
         return last

@@ -310,6 +310,14 @@ class OrtSession(GraphSession):
                         )
 
     def forward(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
+        return self._pass(tokens, cache, int(tokens.shape[0]))
+
+    def forward_last(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
+        """A graph with a logits count (LOGITS_TO_KEEP) computes its head on the last row only."""
+        return self._pass(tokens, cache, 1 if self._keep is not None else int(tokens.shape[0]))[-1]
+
+    def _pass(self, tokens: np.ndarray, cache: KVCache, keep: int) -> np.ndarray:
+        """The pass over `tokens`; the logits of its last `keep` positions ([keep, vocab])."""
         seq = int(tokens.shape[0])
         self.check_pass(seq, cache)
         past = cache.length
@@ -319,9 +327,9 @@ class OrtSession(GraphSession):
         if self._position_ids:
             positions = np.arange(past, past + seq, dtype=self._pos_dt).reshape(1, seq)
             io.bind_cpu_input(contract.POSITION_IDS, positions)
-        if self._keep is not None:  # every new position's logits
+        if self._keep is not None:  # the last `keep` new positions' logits
             shape = (1,) * self._keep[1]  # [] or [1]
-            io.bind_cpu_input(self._keep[0], np.full(shape, seq, dtype=np.int64))
+            io.bind_cpu_input(self._keep[0], np.full(shape, keep, dtype=np.int64))
         concat = self.spec.attention == "concat"
         if concat:
             self._bind_concat(io, cache, seq)
@@ -331,13 +339,13 @@ class OrtSession(GraphSession):
             self._bind_plain(io, cache, past, seq)
         half = self._logits16  # an imported fp16 graph's logits, read as float32
         logits = self._logits if half is None else half
-        bind_host_output(io, contract.LOGITS, logits[:seq][None])  # [1, seq, vocab]
+        bind_host_output(io, contract.LOGITS, logits[:keep][None])  # [1, keep, vocab]
         features = self.spec.feature_size
         if features:
             bind_host_output(io, contract.FEATURES, self._features[:seq][None])
         self.session.run_with_iobinding(io)
         if half is not None:
-            self._logits[:seq] = half[:seq]  # exact: every float16 is a float32
+            self._logits[:keep] = half[:keep]  # exact: every float16 is a float32
         if isinstance(cache, ConcatCache):
             cache.end_pass(seq, ids[0])
         else:
@@ -345,7 +353,7 @@ class OrtSession(GraphSession):
         self.passes += 1
         if features:
             self.last_features = self._features[:seq]
-        return self._logits[:seq]
+        return self._logits[:keep]
 
     def forward_head(
         self,
@@ -457,6 +465,8 @@ class OrtSession(GraphSession):
             io.bind_cpu_input(contract.TOTAL_SEQUENCE_LENGTH, total)
         else:
             io.bind_cpu_input(contract.WRITE_INDICES, starts)
+        if self._keep is not None:  # every row's every new position's logits
+            io.bind_cpu_input(self._keep[0], np.full((1,) * self._keep[1], seq, dtype=np.int64))
         self._bind_rows(io, cache, first_row, batch)
         logits, features = self._bind_row_outputs(io, batch, seq)
         self.session.run_with_iobinding(io)

@@ -107,6 +107,7 @@ class Graph:
         if self.attention == "gqa":
             feeds["seqlens_k"] = np.asarray([start + seq - 1], np.int32)
             feeds["total_sequence_length"] = np.asarray(start + seq, np.int32)
+            feeds["logits_to_keep"] = np.asarray(seq, np.int64)  # every row's (new exports)
         for i in range(self.layers):
             feeds[f"past_key.{i}"], feeds[f"past_value.{i}"] = cache[2 * i], cache[2 * i + 1]
         feeds = {k: v for k, v in feeds.items() if k in self.inputs}

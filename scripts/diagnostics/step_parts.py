@@ -151,6 +151,8 @@ def prefill_logits(pipe: Pipeline, tokens: int, repeats: int) -> dict[str, float
         contract.SEQLENS_K: np.array([tokens - 1], np.int32),
         contract.TOTAL_SEQUENCE_LENGTH: np.array(tokens, np.int32),
     }
+    if contract.KEEP_LOGITS in {t.name for t in spec.inputs}:
+        feed[contract.KEEP_LOGITS] = np.array(tokens, np.int64)  # every row's logits
     for layer in range(spec.num_layers):
         feed[contract.past_key(layer)] = np.zeros(shape, np.float32)
         feed[contract.past_value(layer)] = np.zeros(shape, np.float32)

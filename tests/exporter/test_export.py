@@ -48,7 +48,13 @@ def test_graph_inputs_and_outputs_follow_the_runtime_contract(
     assert [o.name for o in graph.output] == [t.name for t in spec.outputs]
     positions = attention == "plain" or pair.arch == "gpt2"
     assert spec.inputs == contract.graph_inputs(
-        spec.num_layers, spec.kv_heads, spec.head_dim, "float32", attention, positions
+        spec.num_layers,
+        spec.kv_heads,
+        spec.head_dim,
+        "float32",
+        attention,
+        positions,
+        keep_logits=attention == "gqa",
     )
     assert spec.outputs == contract.graph_outputs(
         spec.num_layers, spec.kv_heads, spec.head_dim, spec.vocab_size, "float32", attention

@@ -383,8 +383,10 @@ Ort::Value Runner::index_tensor(const std::string& name, int64_t* values, size_t
   return Ort::Value::CreateTensor<int32_t>(cpu_, out, count, shape, rank);
 }
 
-const float* Runner::forward(const int64_t* tokens, int64_t seq) {
+const float* Runner::forward(const int64_t* tokens, int64_t seq, int64_t keep) {
   const ModelSpec& s = graph_.spec();
+  const TensorSpec* keep_input = s.logits_to_keep();
+  if (!keep_input) keep = seq;  // the graph returns every new position's logits
   if (seq < 1 || seq > kMaxChunk)
     throw invalid("a pass takes 1.." + std::to_string(kMaxChunk) + " tokens, got " + std::to_string(seq));
   if (length_ + seq > capacity_)
@@ -400,10 +402,10 @@ const float* Runner::forward(const int64_t* tokens, int64_t seq) {
                   index_tensor("position_ids", positions_.data(), size_t(seq), shape.data(), 2));
   }
   std::array<int64_t, 1> one{1};
-  if (const TensorSpec* keep = s.logits_to_keep()) {  // every new position's logits
-    keep_ = seq;
-    io_.BindInput(keep->name.c_str(),
-                  Ort::Value::CreateTensor<int64_t>(cpu_, &keep_, 1, one.data(), keep->rank));
+  if (keep_input) {  // the last `keep` new positions' logits
+    keep_ = keep;
+    io_.BindInput(keep_input->name.c_str(),
+                  Ort::Value::CreateTensor<int64_t>(cpu_, &keep_, 1, one.data(), keep_input->rank));
   }
   if (s.attention == "gqa") {
     seqlens_k_ = int32_t(past + seq - 1);
@@ -423,12 +425,12 @@ const float* Runner::forward(const int64_t* tokens, int64_t seq) {
     bind_concat(seq);
   else
     bind_cache(past, seq);
-  std::array<int64_t, 3> out{1, seq, s.vocab_size};
+  std::array<int64_t, 3> out{1, keep, s.vocab_size};
   if (logits16_.empty())
-    io_.BindOutput("logits", Ort::Value::CreateTensor<float>(cpu_, logits_.data(), size_t(seq * s.vocab_size),
+    io_.BindOutput("logits", Ort::Value::CreateTensor<float>(cpu_, logits_.data(), size_t(keep * s.vocab_size),
                                                              out.data(), 3));
   else
-    io_.BindOutput("logits", Ort::Value::CreateTensor(cpu_, logits16_.data(), size_t(seq * s.vocab_size) * 2,
+    io_.BindOutput("logits", Ort::Value::CreateTensor(cpu_, logits16_.data(), size_t(keep * s.vocab_size) * 2,
                                                       out.data(), 3, ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16));
   if (s.feature_size) {
     std::array<int64_t, 3> f{1, seq, s.feature_size};
@@ -441,7 +443,7 @@ const float* Runner::forward(const int64_t* tokens, int64_t seq) {
     throw Failure(SPECX_RUNTIME, "onnxruntime failed in a pass of " + s.graph + ": " + e.what());
   }
   if (!logits16_.empty())  // an fp16 graph's logits, read as float32 (exact)
-    std::transform(logits16_.begin(), logits16_.begin() + seq * s.vocab_size, logits_.begin(), half_to_float);
+    std::transform(logits16_.begin(), logits16_.begin() + keep * s.vocab_size, logits_.begin(), half_to_float);
   std::copy(tokens, tokens + seq, tokens_.begin() + past);
   if (s.concat()) {  // the other set now holds the slots; the new positions' slots follow
     front_ = 1 - front_;
@@ -457,7 +459,8 @@ const float* Runner::prefill(const int64_t* tokens, int64_t n) {
   const float* last = nullptr;
   for (int64_t start = 0; start < n; start += kMaxChunk) {
     int64_t seq = std::min<int64_t>(kMaxChunk, n - start);
-    last = forward(tokens + start, seq) + size_t(seq - 1) * size_t(vocab_size());
+    const int64_t keep = graph_.spec().logits_to_keep() ? 1 : seq;  // only the last row is read
+    last = forward(tokens + start, seq, keep) + size_t(keep - 1) * size_t(vocab_size());
   }
   return last;
 }

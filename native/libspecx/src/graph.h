@@ -78,7 +78,10 @@ class Runner {
 
   // Score 1..kMaxChunk new tokens on top of the cache; returns their logits, [seq, vocab],
   // a view the next call overwrites.
-  const float* forward(const int64_t* tokens, int64_t seq);
+  const float* forward(const int64_t* tokens, int64_t seq) { return forward(tokens, seq, seq); }
+  // The same pass, returning only its last `keep` positions' logits ([keep, vocab]) where the
+  // graph takes a logits count (ModelSpec::logits_to_keep); all `seq` where it does not.
+  const float* forward(const int64_t* tokens, int64_t seq, int64_t keep);
   // Any number of tokens in chunks of kMaxChunk; the last row's logits (nullptr for none).
   const float* prefill(const int64_t* tokens, int64_t n);
 
@@ -100,7 +103,7 @@ class Runner {
   std::vector<float> features_;  // [kMaxChunk, F] where the target has a features output
   std::vector<int64_t> ids_, positions_;
   int32_t seqlens_k_ = 0, total_length_ = 0;
-  int64_t keep_ = 0;  // an imported graph's logits_to_keep: the pass's token count
+  int64_t keep_ = 0;  // the graph's logits_to_keep: the pass's token count, or 1 (a prefill)
   Ort::IoBinding io_;
   Ort::MemoryInfo cpu_;  // ids, positions, logits: always host memory
   bool cache_bound_ = false;

@@ -36,8 +36,9 @@ struct ModelSpec {
   std::string pair_id;
 
   bool has_input(const std::string& n) const;
-  // An imported graph's count of last positions to return logits for (num_logits_to_keep or
-  // logits_to_keep, int64 [] or [1]); nullptr where the graph has none.
+  // The graph's count of last positions to return logits for (an exported gqa graph's
+  // logits_to_keep; an imported graph's num_logits_to_keep or logits_to_keep; int64 [] or [1]);
+  // nullptr where the graph has none.
   const TensorSpec* logits_to_keep() const {
     for (const TensorSpec& t : inputs)
       if (t.name == "num_logits_to_keep" || t.name == "logits_to_keep") return &t;
