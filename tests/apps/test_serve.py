@@ -32,13 +32,13 @@ def slow_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     too fast to disconnect from, queue behind or shut down in the middle of."""
     from specx.runtime.backends import OrtSession
 
-    forward = OrtSession.forward
+    run = OrtSession._pass  # every pass: verify, decode and the prompt's (forward_last)
 
-    def slow(self: OrtSession, tokens: Any, cache: Any) -> Any:
+    def slow(self: OrtSession, tokens: Any, cache: Any, keep: int) -> Any:
         time.sleep(0.005)
-        return forward(self, tokens, cache)
+        return run(self, tokens, cache, keep)
 
-    monkeypatch.setattr(OrtSession, "forward", slow)
+    monkeypatch.setattr(OrtSession, "_pass", slow)
 
 
 def run_cli_chat(artifact: Any, prompt: str, n: int) -> dict[str, Any]:

@@ -415,13 +415,13 @@ def costly_verify(monkeypatch: pytest.MonkeyPatch) -> float:
     from specx.runtime.backends import OrtSession
 
     base, row = 0.004, 0.006
-    forward = OrtSession.forward
+    run = OrtSession._pass  # every pass: verify, decode and the prompt's (forward_last)
 
-    def slow(self: OrtSession, tokens: np.ndarray, cache: object) -> np.ndarray:
+    def slow(self: OrtSession, tokens: np.ndarray, cache: object, keep: int) -> np.ndarray:
         time.sleep(base + row * (int(tokens.shape[0]) - 1))
-        return forward(self, tokens, cache)  # type: ignore[arg-type]
+        return run(self, tokens, cache, keep)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(OrtSession, "forward", slow)
+    monkeypatch.setattr(OrtSession, "_pass", slow)
     return row / base
 
 
