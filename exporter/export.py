@@ -293,7 +293,7 @@ def _export_into(
     del ctx, tsrc
     graphs.timings["total_s"] = time.perf_counter() - t_start
     manifest = Manifest(
-        format_version=contract.format_version_for(draft_specs),
+        format_version=contract.format_version_for(draft_specs, target_spec),
         pair_id=graphs.pair_id,
         target=target_spec,
         drafts=tuple(draft_specs),

@@ -28,7 +28,8 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-FORMAT_VERSION = 3  # the newest manifest this reader understands (2: feature drafts, 3: concat)
+FORMAT_VERSION = 4  # the newest manifest this reader understands (2: feature drafts, 3: concat,
+# 4: the logits count of exported gqa graphs)
 PREFILL_CHUNK = 128  # prompt tokens per pass
 NGRAM_MAX, NGRAM_MIN, LOOKAHEAD = 3, 1, 64  # the n-gram drafter's parameters
 HYBRID_MIN_MATCH = 2  # a hybrid uses its lookup when the match continues for at least this many

@@ -86,7 +86,7 @@ from typing import Any
 from specx.runtime.artifact.schema import check_manifest
 from specx.runtime.errors import ArtifactError
 
-FORMAT_VERSION = 3  # the newest format this version of specx reads and writes
+FORMAT_VERSION = 4  # the newest format this version of specx reads and writes
 # Version 2 adds feature drafts (a draft with a `head` record runs differently from a model
 # draft: a version-1 reader would get it wrong). An artifact without one stays version 1, so
 # version-1 readers keep reading everything they can run.
@@ -94,6 +94,9 @@ FEATURE_DRAFTS_VERSION = 2
 # Version 3 adds imported graphs ("concat" attention: the Optimum layout), which older readers
 # would bind with the wrong names.
 IMPORTED_VERSION = 3
+# Version 4 adds the logits count (KEEP_LOGITS) to exported gqa graphs: an input an older reader
+# would not feed.
+KEEP_LOGITS_VERSION = 4
 MANIFEST_FILE = "manifest.json"
 PAIR_ID_KEY = "specx.pair_id"  # ONNX metadata key: the export every graph belongs to
 MAX_LENGTH_KEY = "specx.max_length"  # ONNX metadata key: positions the graph was exported for
@@ -155,6 +158,8 @@ def format_version_for(
 ) -> int:
     """The oldest format that describes an artifact with these drafts (and target)."""
     models = [*drafts, *([target] if target is not None else [])]
+    if any(m.attention not in IMPORTED and KEEP_LOGITS in m.input_names for m in models):
+        return KEEP_LOGITS_VERSION  # an exported graph that takes the logits count
     if any(m.attention in IMPORTED or "/" in m.graph for m in models):
         return IMPORTED_VERSION  # an imported graph (a rewritten one too: one folder deep)
     return FEATURE_DRAFTS_VERSION if any(d.head is not None for d in drafts) else 1
@@ -363,6 +368,10 @@ class ModelSpec:
     def feature_size(self) -> int:
         """Width of a target's `features` output (0: it has none)."""
         return len(self.feature_layers) * self.hidden_size
+
+    @property
+    def input_names(self) -> set[str]:
+        return {t.name for t in self.inputs}
 
     @property
     def uses_position_ids(self) -> bool:

@@ -154,7 +154,7 @@ def test_info_json_gives_the_facts_a_deployment_tool_needs(llama_pair: TinyPair)
     result = CliRunner().invoke(main, ["info", str(llama_pair.artifact), "--json"])
     assert result.exit_code == 0, result.output
     facts = json.loads(result.stdout)
-    assert facts["facts_version"] == 1 and facts["format_version"] == 1
+    assert facts["facts_version"] == 1 and facts["format_version"] == 4  # gqa: logits count
     assert facts["context"] == 128 and facts["default_drafter"] == "mixed"
     assert facts["drafters"][-1] == "none" and "ngram+mixed" in facts["drafters"]
     models = {m["name"]: m for m in facts["models"]}

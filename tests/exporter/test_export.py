@@ -68,9 +68,24 @@ def test_graph_inputs_and_outputs_follow_the_runtime_contract(
     assert spec.outputs[0].shape == ("batch", "seq", spec.vocab_size)
 
 
+def test_the_format_version_is_the_oldest_that_describes_the_artifact(
+    llama_pair: TinyPair, llama_plain_pair: TinyPair
+) -> None:
+    from dataclasses import replace
+
+    keep = Manifest.read(llama_pair.artifact).target  # gqa: takes logits_to_keep
+    plain = Manifest.read(llama_plain_pair.artifact)
+    assert plain.format_version == 1 and contract.format_version_for([], plain.target) == 1
+    head = contract.HeadSpec("eagle", (1,), 64, 100, "eagle")
+    feature = replace(plain.target, role="draft", head=head)
+    assert contract.format_version_for([feature], plain.target) == 2
+    assert contract.format_version_for([feature], keep) == 4
+    assert contract.format_version_for([], keep) == 4
+
+
 def test_manifest_records_parity_and_what_a_runtime_needs(llama_pair: TinyPair) -> None:
     data = json.loads((llama_pair.artifact / "manifest.json").read_text())
-    assert data["format_version"] == 1  # no feature draft: version-1 readers read it all
+    assert data["format_version"] == 4  # gqa graphs take the logits count (a v3 reader: no)
     assert data["target"]["attention"] == "gqa"
     assert data["target"]["cache_layout"] == list(contract.CACHE_LAYOUTS["gqa"])
     assert [d["name"] for d in data["drafts"]] == ["mixed", "other", "self"]

@@ -8,7 +8,7 @@
 
 namespace specx {
 
-constexpr int kFormatVersion = 3;  // the newest format this library reads (contract.py's)
+constexpr int kFormatVersion = 4;  // the newest format this library reads (contract.py's)
 
 struct TensorSpec {
   std::string name;
