@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -145,3 +146,24 @@ def c_matmul(isa: str, kind: str, raw: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def isa_supported(isa: str) -> bool:
     return bool(ctypes.CDLL(kernels_path()).specx_kernels_isa_supported(isa.encode()))
+
+
+def export_qwen2_int4(folder: Path, seed: int, draft: bool, batched: bool, max_length: int) -> Path:
+    """A tiny random qwen2 GGUF target (and a draft differing in one tensor) exported at int4 on
+    the specx kernels (GGUF blocks as stored) into folder / "artifact", with the ngram drafter."""
+    pytest.importorskip("gguf")
+    from specx.exporter import ExportOptions, export_pair
+    from tests.gguf_models import write_gguf
+
+    kernels_path()  # skipped (or failed where the test command requires it) without them
+    target = write_gguf(folder / "target.gguf", "qwen2", seed=seed)
+    drafts = ["ngram"]
+    if draft:
+        redraw = ("blk.1.ffn_down.weight",)
+        drafts.insert(0, f"draft={write_gguf(folder / 'draft.gguf', 'qwen2', seed, redraw=redraw)}")
+    out = folder / "artifact"
+    options = ExportOptions(
+        max_length=max_length, precision="int4", kernels="specx", batched=batched
+    )
+    export_pair(str(target), drafts, out, options, lambda _m: None)
+    return out

@@ -248,20 +248,10 @@ def test_generate_batch_finds_the_last_batch_s_conversations_in_the_store(
 @pytest.fixture(scope="module")
 def kernel_pair(tmp_path_factory: Any) -> Any:
     """A tiny qwen2 pair as int4 graphs on the specx kernels (GGUF blocks as stored)."""
-    pytest.importorskip("gguf")
-    from kernel_tools import kernels_path
+    from kernel_tools import export_qwen2_int4
 
-    from specx.exporter import ExportOptions, export_pair
-    from tests.gguf_models import write_gguf
-
-    kernels_path()  # skipped (or failed where the test command requires it) without them
     folder = tmp_path_factory.mktemp("kernel-gguf")
-    target = write_gguf(folder / "target.gguf", "qwen2", seed=0)
-    draft = write_gguf(folder / "draft.gguf", "qwen2", seed=0, redraw=("blk.1.ffn_down.weight",))
-    out = folder / "artifact"
-    options = ExportOptions(max_length=128, precision="int4", kernels="specx", batched=True)
-    export_pair(str(target), [f"draft={draft}", "ngram"], out, options, lambda _m: None)
-    return out
+    return export_qwen2_int4(folder, seed=0, draft=True, batched=True, max_length=128)
 
 
 def _kept_bytes(pipe: Pipeline, drafter: str) -> list[bytes]:

@@ -98,19 +98,10 @@ def test_a_graph_without_the_logits_count_still_prefills_with_every_row(
 @pytest.fixture(scope="module")
 def kernel_artifact(tmp_path_factory: Any) -> Path:
     """A tiny qwen2 target as int4 GGUF blocks on the specx kernels."""
-    pytest.importorskip("gguf")
-    from kernel_tools import kernels_path
+    from kernel_tools import export_qwen2_int4
 
-    from specx.exporter import ExportOptions, export_pair
-    from tests.gguf_models import write_gguf
-
-    kernels_path()  # skipped (or failed where the test command requires it) without them
     folder = tmp_path_factory.mktemp("prompt-head")
-    target = write_gguf(folder / "target.gguf", "qwen2", seed=3)
-    out = folder / "artifact"
-    options = ExportOptions(max_length=64, precision="int4", kernels="specx")
-    export_pair(str(target), ["ngram"], out, options, lambda _m: None)
-    return out
+    return export_qwen2_int4(folder, seed=3, draft=False, batched=False, max_length=64)
 
 
 def test_on_the_specx_kernels_the_last_row_alone_has_the_full_pass_bits(
