@@ -219,46 +219,6 @@ void small_tile(const MatMulJob& job, int64_t n, int64_t m0) {
   }
 }
 
-// Blocks of 32, one row and two columns (n, n + 1): each column's eight lanes their own chain
-// of fmas in block order, as small_tile's, the two chains interleaved so that neither waits on
-// its own fma's latency alone (a one-row tile's float chain is the block's critical path).
-template <class F>
-void small_tile_two(const MatMulJob& job, int64_t n, int64_t m0) {
-  const int64_t k = job.k, kc = k / kChunk;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  float off0[8] = {}, off1[8] = {};
-  const int8_t* acts = job.acts.q + m0 * k;
-  const uint8_t* col0 = job.weights + n * job.row_bytes;
-  const uint8_t* col1 = col0 + job.row_bytes;
-  for (int64_t b = 0; b < kc; ++b) {
-    _mm_prefetch(reinterpret_cast<const char*>(col0 + b * F::kBytes + kAheadBytes), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(col1 + b * F::kBytes + kAheadBytes), _MM_HINT_T0);
-    const typename F::Simd block0(col0 + b * F::kBytes), block1(col1 + b * F::kBytes);
-    const __m256i w0 = block0.codes(0), w1 = block1.codes(0);
-    const float da = job.acts.d[m0 * kc + b];
-    const __m256 d = _mm256_set1_ps(da);
-    const __m256i x0 = signed_acts<F>(acts + b * kChunk, w0);
-    const __m256i x1 = signed_acts<F>(acts + b * kChunk, w1);
-#if SPECX_ISA == 2
-    const __m256i l0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), magnitude<F>(w0), x0);
-    const __m256i l1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), magnitude<F>(w1), x1);
-#else
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i l0 = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude<F>(w0), x0), ones);
-    const __m256i l1 = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude<F>(w1), x1), ones);
-#endif
-    acc0 = _mm256_fmadd_ps(_mm256_mul_ps(block0.scales(0), d), _mm256_cvtepi32_ps(l0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_mul_ps(block1.scales(0), d), _mm256_cvtepi32_ps(l1), acc1);
-    if constexpr (F::kOffset) {
-      const float sum = static_cast<float>(job.acts.s[m0 * kc + b]);
-      off0[b & 7] = std::fma(block0.offset(0) * da, sum, off0[b & 7]);
-      off1[b & 7] = std::fma(block1.offset(0) * da, sum, off1[b & 7]);
-    }
-  }
-  store_rows(job, n, m0, acc0, F::kOffset ? reduce8(off0) : 0.0f);
-  store_rows(job, n + 1, m0, acc1, F::kOffset ? reduce8(off1) : 0.0f);
-}
-
 // Super-block b of column n, its kAhead-th successor prefetched.
 template <class F>
 inline const uint8_t* super_block_at(const MatMulJob& job, int64_t n, int64_t b) {
@@ -410,9 +370,6 @@ void small_columns(const MatMulJob& job, int64_t n0, int64_t n1) {
     }
   }
 #endif
-  if (job.m == 1) {
-    for (; n + 1 < n1; n += 2) small_tile_two<F>(job, n, 0);
-  }
   const int64_t tiles = (job.m + kMaxRows - 1) / kMaxRows;
   for (; n < n1; ++n) {
     for (int64_t t = 0, m0 = 0; t < tiles; ++t) {
